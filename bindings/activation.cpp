@@ -1,0 +1,63 @@
+// _activation: act(x[..., :H]) * x[..., H:] for SiLU, GELU and GELU-tanh.
+#include "activation_inst.h"
+#include "common.h"
+#include "dispatch_dtype.h"
+
+namespace fb = flashinfer_bind;
+namespace nb = nanobind;
+using namespace nb::literals;
+using flashinfer::activation::ActKind;
+using flashinfer::activation::ActParams;
+using fb::MutTensor;
+
+namespace {
+
+void act_and_mul(const char* op, ActKind kind, MutTensor input, MutTensor out, uintptr_t stream,
+                 bool enable_pdl) {
+  const fb::Checker c{op};
+  if (input.ndim() < 1) fb::fail(std::string(op) + ": input must have at least 1 dimension; got 0-D");
+  const fb::DType dt = c.dtype_half(input, "input");
+  const size_t nd = input.ndim();
+  const int64_t two_h = static_cast<int64_t>(input.shape(nd - 1));
+  if (two_h % 2 != 0) fb::fail("The last dimension must be even (2 * hidden_size).");
+  const int64_t hidden = two_h / 2;
+  c.last_contiguous(input, "input");
+  bool ok = out.ndim() == nd && static_cast<int64_t>(out.shape(nd - 1)) * 2 == two_h;
+  for (size_t i = 0; ok && i + 1 < nd; ++i) ok = out.shape(i) == input.shape(i);
+  if (!ok)
+    fb::fail(std::string(op) + ": out.shape must be input.shape[:-1] + (input.shape[-1] // 2,) for input " +
+             fb::shape_str(input) + "; got " + fb::shape_str(out));
+  c.dtype_is(out, "out", dt);
+  c.last_contiguous(out, "out");
+  int64_t rows = 0, out_rows = 0;
+  const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
+  const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
+  const int dev = c.cuda_device({{&input, "input"}, {&out, "out"}});
+  if (rows == 0 || hidden == 0) return;
+  fb::DeviceGuard guard(op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    ActParams<T> p{static_cast<T*>(out.data()), static_cast<const T*>(input.data()), rows, hidden, in_l,
+                   out_l, pdl};
+    const cudaError_t err = flashinfer::activation::ActAndMul(p, kind, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(op, err);
+  });
+}
+
+}  // namespace
+
+NB_MODULE(_activation, m) {
+  m.doc() = "flashinfer gated activation kernels (DLPack tensors; see flashinfer.activation)";
+  auto def = [&](const char* name, ActKind kind) {
+    m.def(
+        name,
+        [name, kind](MutTensor input, MutTensor out, uintptr_t stream, bool pdl) {
+          act_and_mul(name, kind, input, out, stream, pdl);
+        },
+        "input"_a, "out"_a, "stream"_a, "enable_pdl"_a);
+  };
+  def("silu_and_mul", ActKind::kSilu);
+  def("gelu_and_mul", ActKind::kGelu);
+  def("gelu_tanh_and_mul", ActKind::kGeluTanh);
+}

@@ -1,0 +1,188 @@
+// Shared by every binding: DLPack tensor checks with messages that name the argument, the
+// device guard, the per-device PDL query, and CUDA error translation. No math here.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "flashinfer/layout.h"
+
+namespace flashinfer_bind {
+
+namespace nb = nanobind;
+
+using MutTensor = nb::ndarray<>;
+
+enum class DType { kF16, kBF16, kF32, kI32, kI64, kOther };
+
+inline DType dtype_of(const MutTensor& t) {
+  const auto d = t.dtype();
+  if (d.lanes != 1) return DType::kOther;
+  using C = nb::dlpack::dtype_code;
+  if (d.code == uint8_t(C::Float) && d.bits == 16) return DType::kF16;
+  if (d.code == uint8_t(C::Float) && d.bits == 32) return DType::kF32;
+  if (d.code == uint8_t(C::Bfloat) && d.bits == 16) return DType::kBF16;
+  if (d.code == uint8_t(C::Int) && d.bits == 32) return DType::kI32;
+  if (d.code == uint8_t(C::Int) && d.bits == 64) return DType::kI64;
+  return DType::kOther;
+}
+
+inline std::string dtype_name(const MutTensor& t) {
+  const auto d = t.dtype();
+  using C = nb::dlpack::dtype_code;
+  std::string base = d.code == uint8_t(C::Float)    ? "float"
+                     : d.code == uint8_t(C::Bfloat) ? "bfloat"
+                     : d.code == uint8_t(C::Int)    ? "int"
+                     : d.code == uint8_t(C::UInt)   ? "uint"
+                     : d.code == uint8_t(C::Bool)   ? "bool"
+                                                    : "dtype-code-" + std::to_string(d.code);
+  return base + std::to_string(d.bits);
+}
+
+inline const char* dtype_str(DType d) {
+  switch (d) {
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF32: return "float32";
+    case DType::kI32: return "int32";
+    case DType::kI64: return "int64";
+    default: return "other";
+  }
+}
+
+inline std::string shape_str(const MutTensor& t) {
+  std::string s = "(";
+  for (size_t i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.shape(i));
+  return s + (t.ndim() == 1 ? ",)" : ")");
+}
+
+[[noreturn]] inline void fail(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+
+// `op: name ...` prefix for every message.
+struct Checker {
+  const char* op;
+
+  void ndim_in(const MutTensor& t, const char* name, std::initializer_list<int> allowed,
+               const char* what) const {
+    for (int n : allowed)
+      if (static_cast<int>(t.ndim()) == n) return;
+    fail(std::string(op) + ": " + name + " must be " + what + "; got a " + std::to_string(t.ndim()) +
+         "-D tensor of shape " + shape_str(t));
+  }
+  void dtype_is(const MutTensor& t, const char* name, DType want) const {
+    if (dtype_of(t) != want)
+      fail(std::string(op) + ": " + name + ".dtype must be " + dtype_str(want) + "; got " +
+           dtype_name(t));
+  }
+  DType dtype_half(const MutTensor& t, const char* name) const {
+    const DType d = dtype_of(t);
+    if (d != DType::kF16 && d != DType::kBF16)
+      fail(std::string(op) + ": " + name + ".dtype must be float16 or bfloat16; got " + dtype_name(t));
+    return d;
+  }
+  void same_shape(const MutTensor& t, const char* name, const MutTensor& ref, const char* ref_name) const {
+    bool ok = t.ndim() == ref.ndim();
+    for (size_t i = 0; ok && i < t.ndim(); ++i) ok = t.shape(i) == ref.shape(i);
+    if (!ok)
+      fail(std::string(op) + ": " + name + ".shape must equal " + ref_name + ".shape " +
+           shape_str(ref) + "; got " + shape_str(t));
+  }
+  void dim_is(const MutTensor& t, const char* name, int dim, int64_t want, const char* what) const {
+    const int d = dim < 0 ? static_cast<int>(t.ndim()) + dim : dim;
+    if (static_cast<int64_t>(t.shape(d)) != want)
+      fail(std::string(op) + ": " + name + ".shape[" + std::to_string(dim) + "] must equal " + what +
+           " (" + std::to_string(want) + "); got " + std::to_string(t.shape(d)));
+  }
+  // Only the innermost dimension must be contiguous.
+  void last_contiguous(const MutTensor& t, const char* name) const {
+    const size_t n = t.ndim();
+    if (n > 0 && t.shape(n - 1) > 1 && t.stride(n - 1) != 1)
+      fail(std::string(op) + ": " + name + " must be contiguous in its last dimension (stride 1); got stride " +
+           std::to_string(t.stride(n - 1)));
+  }
+  flashinfer::RowLayout rows(const MutTensor& t, const char* name, int64_t* n_rows) const {
+    flashinfer::RowLayout l;
+    if (!flashinfer::fold_rows(static_cast<int>(t.ndim()), reinterpret_cast<const int64_t*>(t.shape_ptr()),
+                               t.stride_ptr(), &l, n_rows))
+      fail(std::string(op) + ": the leading dimensions of " + name +
+           " must fold into at most two strided levels; got shape " + shape_str(t));
+    return l;
+  }
+  // All tensors on one CUDA device; returns its id. Called after the shape/dtype checks so
+  // CPU tensors exercise every other validation path.
+  int cuda_device(std::initializer_list<std::pair<const MutTensor*, const char*>> ts) const {
+    int dev = -1;
+    const char* first = nullptr;
+    for (auto [t, name] : ts) {
+      if (t->device_type() != nb::device::cuda::value)
+        fail(std::string(op) + ": " + name + " must be a CUDA tensor; got a tensor on device type " +
+             device_type_name(t->device_type()));
+      if (dev < 0) {
+        dev = t->device_id();
+        first = name;
+      } else if (t->device_id() != dev) {
+        fail(std::string(op) + ": " + name + " is on cuda:" + std::to_string(t->device_id()) + " but " +
+             first + " is on cuda:" + std::to_string(dev));
+      }
+    }
+    return dev;
+  }
+  static std::string device_type_name(int type) {
+    switch (type) {
+      case nb::device::cpu::value: return "cpu";
+      case nb::device::cuda::value: return "cuda";
+      case nb::device::cuda_host::value: return "cuda_host (pinned cpu)";
+      case nb::device::cuda_managed::value: return "cuda_managed";
+      default: return std::to_string(type);
+    }
+  }
+};
+
+[[noreturn]] inline void throw_cuda(const char* op, cudaError_t err) {
+  throw std::runtime_error(std::string(op) + ": CUDA error " + cudaGetErrorName(err) + ": " +
+                           cudaGetErrorString(err));
+}
+
+// Makes `device` current for the scope of a call, restoring the caller's device after.
+class DeviceGuard {
+ public:
+  DeviceGuard(const char* op, int device) {
+    cudaError_t err = cudaGetDevice(&prev_);
+    if (err != cudaSuccess) throw_cuda(op, err);
+    if (prev_ != device) {
+      err = cudaSetDevice(device);
+      if (err != cudaSuccess) throw_cuda(op, err);
+    }
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// PDL needs compute capability 9.0+; asked once per device, then cached.
+inline bool device_supports_pdl(int device) {
+  static int cc_major[64] = {};  // 0 = not asked yet
+  if (device < 0 || device >= 64) return false;
+  if (cc_major[device] == 0) {
+    int major = -1;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = -1;
+    cc_major[device] = major;
+  }
+  return cc_major[device] >= 9;
+}
+
+inline cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+}  // namespace flashinfer_bind

@@ -1,0 +1,41 @@
+// _cuda: the few device facts the Python layer needs (device count, compute capability).
+// Linked against the static CUDA runtime, so importing it needs no driver.
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include "common.h"
+
+namespace fb = flashinfer_bind;
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_cuda, m) {
+  m.doc() = "flashinfer CUDA runtime queries";
+  // Number of visible CUDA devices; 0 (not an error) where there is no GPU or driver.
+  m.def("device_count", []() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+  });
+  // Why there is no device, as the CUDA runtime words it ("" when there is one).
+  m.def("unavailable_reason", []() -> std::string {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    return n > 0 ? "" : "no CUDA device is visible";
+  });
+  m.def(
+      "compute_capability",
+      [](int device) {
+        int major = 0, minor = 0;
+        cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        if (err != cudaSuccess) fb::throw_cuda("compute_capability", err);
+        return std::make_pair(major, minor);
+      },
+      "device"_a);
+  m.def("runtime_version", []() {
+    int v = 0;
+    cudaRuntimeGetVersion(&v);
+    return v;
+  });
+}

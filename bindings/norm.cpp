@@ -1,0 +1,148 @@
+// _norm: RMSNorm, Gemma RMSNorm, their fused-add forms, LayerNorm. Checks, Params, launch.
+#include "common.h"
+#include <nanobind/stl/string.h>
+
+#include "dispatch_dtype.h"
+#include "norm_inst.h"
+
+namespace fb = flashinfer_bind;
+namespace nb = nanobind;
+using namespace nb::literals;
+using flashinfer::norm::NormKind;
+using flashinfer::norm::NormParams;
+using fb::MutTensor;
+
+namespace {
+
+// out = input / rms(input) * (weight + weight_offset); input 2-D or 3-D.
+void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, double eps,
+             float weight_offset, uintptr_t stream, bool enable_pdl) {
+  const fb::Checker c{op};
+  c.ndim_in(input, "input", {2, 3}, "2-D [num_tokens, hidden_size] or 3-D [num_tokens, num_heads, head_dim]");
+  const fb::DType dt = c.dtype_half(input, "input");
+  c.last_contiguous(input, "input");
+  const int64_t hidden = static_cast<int64_t>(input.shape(input.ndim() - 1));
+  if (hidden == 0) fb::fail(std::string(op) + ": input.shape[-1] (hidden size) must be > 0; got 0");
+  c.ndim_in(weight, "weight", {1}, "1-D [hidden_size]");
+  c.dim_is(weight, "weight", 0, hidden, "input.shape[-1]");
+  c.dtype_is(weight, "weight", dt);
+  c.last_contiguous(weight, "weight");
+  c.same_shape(out, "out", input, "input");
+  c.dtype_is(out, "out", dt);
+  c.last_contiguous(out, "out");
+  int64_t rows = 0, out_rows = 0;
+  const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
+  const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
+  const int dev = c.cuda_device({{&input, "input"}, {&weight, "weight"}, {&out, "out"}});
+  if (rows == 0) return;
+  fb::DeviceGuard guard(op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    NormParams<T, T> p{static_cast<T*>(out.data()), static_cast<const T*>(input.data()), nullptr,
+                       static_cast<const T*>(weight.data()), nullptr, rows, hidden, in_l, out_l,
+                       flashinfer::RowLayout{}, static_cast<float>(eps), weight_offset, pdl};
+    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kRMS, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(op, err);
+  });
+}
+
+// residual += input; input = residual / rms(residual) * (weight + weight_offset), 2-D.
+void fused_add_rmsnorm(const char* op, MutTensor input, MutTensor residual, MutTensor weight, double eps,
+                       float weight_offset, uintptr_t stream, bool enable_pdl) {
+  const fb::Checker c{op};
+  c.ndim_in(input, "input", {2}, "2-D [num_tokens, hidden_size]");
+  const fb::DType dt = c.dtype_half(input, "input");
+  c.last_contiguous(input, "input");
+  const int64_t hidden = static_cast<int64_t>(input.shape(1));
+  if (hidden == 0) fb::fail(std::string(op) + ": input.shape[-1] (hidden size) must be > 0; got 0");
+  c.same_shape(residual, "residual", input, "input");
+  c.dtype_is(residual, "residual", dt);
+  c.last_contiguous(residual, "residual");
+  c.ndim_in(weight, "weight", {1}, "1-D [hidden_size]");
+  c.dim_is(weight, "weight", 0, hidden, "input.shape[-1]");
+  c.dtype_is(weight, "weight", dt);
+  c.last_contiguous(weight, "weight");
+  int64_t rows = 0, res_rows = 0;
+  const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
+  const flashinfer::RowLayout res_l = c.rows(residual, "residual", &res_rows);
+  const int dev = c.cuda_device({{&input, "input"}, {&residual, "residual"}, {&weight, "weight"}});
+  if (rows == 0) return;
+  fb::DeviceGuard guard(op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    T* x = static_cast<T*>(input.data());
+    NormParams<T, T> p{x, x, static_cast<T*>(residual.data()), static_cast<const T*>(weight.data()),
+                       nullptr, rows, hidden, in_l, in_l, res_l, static_cast<float>(eps), weight_offset, pdl};
+    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kFusedAddRMS, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(op, err);
+  });
+}
+
+// out = (input - mean) / sqrt(var + eps) * gemma + beta; input 2-D fp16/bf16, gemma/beta fp32.
+void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, double eps, uintptr_t stream) {
+  const char* op = "layernorm";
+  const fb::Checker c{op};
+  c.ndim_in(input, "input", {2}, "2-D [num_tokens, hidden_size]");
+  const fb::DType dt = c.dtype_half(input, "input");
+  c.last_contiguous(input, "input");
+  const int64_t hidden = static_cast<int64_t>(input.shape(1));
+  if (hidden == 0) fb::fail(std::string(op) + ": input.shape[-1] (hidden size) must be > 0; got 0");
+  for (auto [t, name] : {std::pair<MutTensor*, const char*>{&gemma, "gemma"}, {&beta, "beta"}}) {
+    c.ndim_in(*t, name, {1}, "1-D [hidden_size]");
+    c.dim_is(*t, name, 0, hidden, "input.shape[-1]");
+    c.dtype_is(*t, name, fb::DType::kF32);
+    c.last_contiguous(*t, name);
+  }
+  c.same_shape(out, "out", input, "input");
+  c.dtype_is(out, "out", dt);
+  c.last_contiguous(out, "out");
+  int64_t rows = 0, out_rows = 0;
+  const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
+  const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
+  const int dev = c.cuda_device({{&input, "input"}, {&gemma, "gemma"}, {&beta, "beta"}, {&out, "out"}});
+  if (rows == 0) return;
+  fb::DeviceGuard guard(op, dev);
+  fb::with_dtype(op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    NormParams<T, float> p{static_cast<T*>(out.data()), static_cast<const T*>(input.data()), nullptr,
+                           static_cast<const float*>(gemma.data()), static_cast<const float*>(beta.data()),
+                           rows, hidden, in_l, out_l, flashinfer::RowLayout{}, static_cast<float>(eps),
+                           0.f, false};
+    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kLayer, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(op, err);
+  });
+}
+
+}  // namespace
+
+NB_MODULE(_norm, m) {
+  m.doc() = "flashinfer normalization kernels (DLPack tensors; see flashinfer.norm)";
+  m.def(
+      "rmsnorm",
+      [](MutTensor input, MutTensor weight, MutTensor out, double eps, uintptr_t stream, bool pdl) {
+        rmsnorm("rmsnorm", input, weight, out, eps, 0.f, stream, pdl);
+      },
+      "input"_a, "weight"_a, "out"_a, "eps"_a, "stream"_a, "enable_pdl"_a);
+  m.def(
+      "gemma_rmsnorm",
+      [](MutTensor input, MutTensor weight, MutTensor out, double eps, uintptr_t stream, bool pdl) {
+        rmsnorm("gemma_rmsnorm", input, weight, out, eps, 1.f, stream, pdl);
+      },
+      "input"_a, "weight"_a, "out"_a, "eps"_a, "stream"_a, "enable_pdl"_a);
+  m.def(
+      "fused_add_rmsnorm",
+      [](MutTensor input, MutTensor residual, MutTensor weight, double eps, uintptr_t stream, bool pdl) {
+        fused_add_rmsnorm("fused_add_rmsnorm", input, residual, weight, eps, 0.f, stream, pdl);
+      },
+      "input"_a, "residual"_a, "weight"_a, "eps"_a, "stream"_a, "enable_pdl"_a);
+  m.def(
+      "gemma_fused_add_rmsnorm",
+      [](MutTensor input, MutTensor residual, MutTensor weight, double eps, uintptr_t stream, bool pdl) {
+        fused_add_rmsnorm("gemma_fused_add_rmsnorm", input, residual, weight, eps, 1.f, stream, pdl);
+      },
+      "input"_a, "residual"_a, "weight"_a, "eps"_a, "stream"_a, "enable_pdl"_a);
+  m.def("layernorm", &layernorm, "input"_a, "gemma"_a, "beta"_a, "out"_a, "eps"_a, "stream"_a);
+  m.def("supported_dtypes", &fb::supported_dtypes);
+}

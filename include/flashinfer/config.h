@@ -1,0 +1,32 @@
+// Where a function may run, and small portable attributes. Pure C++17: g++ and nvcc both
+// read it, so one header serves kernels and the CPU tests.
+#pragma once
+
+#if defined(__CUDACC__)
+#define FLASHINFER_HOST_DEVICE __host__ __device__ __forceinline__
+#define FLASHINFER_DEVICE __device__ __forceinline__
+#else
+#define FLASHINFER_HOST_DEVICE inline
+#define FLASHINFER_DEVICE inline
+#endif
+
+#if defined(__CUDACC__) || defined(__clang__) || defined(__GNUC__)
+#define FLASHINFER_UNROLL _Pragma("unroll")
+#else
+#define FLASHINFER_UNROLL
+#endif
+
+namespace flashinfer {
+
+// ceil(a / b) for positive integers, usable on host and device.
+template <typename T>
+FLASHINFER_HOST_DEVICE constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+template <typename T>
+FLASHINFER_HOST_DEVICE constexpr T round_up(T a, T b) {
+  return ceil_div(a, b) * b;
+}
+
+}  // namespace flashinfer

@@ -1,0 +1,52 @@
+// Device math: PDL grid-dependency control, warp and block reductions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "config.h"
+
+namespace flashinfer {
+
+// Wait until the preceding kernel in the stream has completed and flushed its writes
+// (no-op when this kernel was not launched with PDL, or before sm_90).
+FLASHINFER_DEVICE void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Allow the next PDL kernel in the stream to start its prologue.
+FLASHINFER_DEVICE void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+namespace warp {
+
+// All 32 lanes must call; every lane receives the sum.
+FLASHINFER_DEVICE float reduce_sum(float v) {
+  FLASHINFER_UNROLL
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+}  // namespace warp
+
+namespace block {
+
+// All threads of the block must call; every thread receives the sum. smem: 32 floats.
+// Ends with a barrier so the caller may reuse smem immediately.
+FLASHINFER_DEVICE float reduce_sum(float v, float* smem) {
+  v = warp::reduce_sum(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) smem[w] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? smem[lane] : 0.f;
+  v = warp::reduce_sum(v);
+  __syncthreads();
+  return v;
+}
+
+}  // namespace block
+}  // namespace flashinfer

@@ -1,0 +1,61 @@
+// Vectorised loads/stores of fp16/bf16/fp32 and their conversions to fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "config.h"
+
+namespace flashinfer {
+
+FLASHINFER_DEVICE float to_float(float x) { return x; }
+FLASHINFER_DEVICE float to_float(__half x) { return __half2float(x); }
+FLASHINFER_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+FLASHINFER_DEVICE T from_float(float x);
+template <>
+FLASHINFER_DEVICE float from_float<float>(float x) { return x; }
+template <>
+FLASHINFER_DEVICE __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+FLASHINFER_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// N elements of T stored together; 16-byte vectors load and store as one 128-bit access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+
+  static constexpr bool kIs16B = sizeof(T) * N == 16;
+
+  // Read-only-cached load (data reused across blocks, e.g. weights).
+  FLASHINFER_DEVICE void load(const T* p) { *this = *reinterpret_cast<const Vec*>(p); }
+  // Streaming load: data read once; evict first so it does not displace reused lines.
+  FLASHINFER_DEVICE void load_stream(const T* p) {
+    if constexpr (kIs16B) {
+      uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+      *this = *reinterpret_cast<Vec*>(&u);
+    } else {
+      load(p);
+    }
+  }
+  FLASHINFER_DEVICE void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
+  FLASHINFER_DEVICE void store_stream(T* p) const {
+    if constexpr (kIs16B) {
+      __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(this));
+    } else {
+      store(p);
+    }
+  }
+  FLASHINFER_DEVICE void to_float(float* f) const {
+    FLASHINFER_UNROLL
+    for (int i = 0; i < N; ++i) f[i] = flashinfer::to_float(v[i]);
+  }
+  FLASHINFER_DEVICE void from_float(const float* f) {
+    FLASHINFER_UNROLL
+    for (int i = 0; i < N; ++i) v[i] = flashinfer::from_float<T>(f[i]);
+  }
+};
+
+}  // namespace flashinfer

@@ -1,0 +1,43 @@
+"""Gated activations (FlashInfer-compatible ``flashinfer.activation``):
+``act(input[..., :H]) * input[..., H:]`` computed in fp32, rounded once."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _activation
+from ._ext import framework_of, to_dlpack
+
+__all__ = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
+
+
+def _act(kernel: Any, input: Any, out: Optional[Any], enable_pdl: Optional[bool]) -> Any:
+    fw = framework_of(input)
+    shape = input.shape
+    if len(shape) == 0 or shape[-1] % 2 != 0:
+        raise ValueError("The last dimension must be even (2 * hidden_size).")
+    if out is None:
+        out = fw.empty((*shape[:-1], shape[-1] // 2), input)
+    else:
+        assert out.ndim == input.ndim, f"out.ndim ({out.ndim}) must equal input.ndim ({input.ndim})"
+        assert tuple(out.shape[:-1]) == tuple(shape[:-1]), (
+            f"out.shape[:-1] {tuple(out.shape[:-1])} must equal input.shape[:-1] {tuple(shape[:-1])}")
+        assert 2 * out.shape[-1] == shape[-1], (
+            f"out.shape[-1] ({out.shape[-1]}) must be input.shape[-1] // 2 ({shape[-1] // 2})")
+    kernel(fw.to_dlpack(input), to_dlpack(out, "out"), fw.stream(input), enable_pdl is not False)
+    return out
+
+
+def silu_and_mul(input: Any, out: Optional[Any] = None, enable_pdl: Optional[bool] = None) -> Any:
+    r"""``silu(input[..., :H]) * input[..., H:]`` with ``silu(x) = x * sigmoid(x)``; returns ``[..., H]``."""
+    return _act(_activation.silu_and_mul, input, out, enable_pdl)
+
+
+def gelu_and_mul(input: Any, out: Optional[Any] = None, enable_pdl: Optional[bool] = None) -> Any:
+    r"""``gelu(input[..., :H]) * input[..., H:]`` with the exact (erf) GELU."""
+    return _act(_activation.gelu_and_mul, input, out, enable_pdl)
+
+
+def gelu_tanh_and_mul(input: Any, out: Optional[Any] = None, enable_pdl: Optional[bool] = None) -> Any:
+    r"""``gelu_tanh(input[..., :H]) * input[..., H:]`` (tanh approximation, as ``approximate="tanh"``)."""
+    return _act(_activation.gelu_tanh_and_mul, input, out, enable_pdl)
