@@ -1,0 +1,71 @@
+"""Timing method shared by every routine (see ../shared/reference/peer-figures.md):
+
+* GPU time: a GPU sleep is enqueued first, then each rep is [L2 flush (256 MiB memset),
+  start event, op, end event]; the flush takes far longer on the GPU than the host needs to
+  enqueue a rep, so the GPU never waits for the host and the events time the op alone.
+* Host time: wall time of one Python call (perf_counter), in short batches with a sync
+  between batches so the launch queue never fills; median over all calls.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, List
+
+COPY_CEILING_GBPS = 4273.0  # H200 device-to-device copy, bytes read + written
+MATMUL_CEILING_TFLOPS = 775.0  # H200 bf16 GEMM 8192^3
+
+
+@dataclass
+class Stats:
+    median: float
+    p10: float
+    p90: float
+    n: int
+
+    @staticmethod
+    def of(xs: List[float]) -> "Stats":
+        xs = sorted(xs)
+        q = statistics.quantiles(xs, n=10) if len(xs) >= 10 else [xs[0]] * 9
+        return Stats(statistics.median(xs), q[0], q[-1], len(xs))
+
+
+class Timer:
+    def __init__(self, torch, flush_mib: int = 256, device=None):
+        self.torch = torch
+        self.device = device or torch.device("cuda")
+        self.flush = torch.empty(flush_mib << 20, dtype=torch.uint8, device=self.device)
+        # torch.cuda._sleep spins this many cycles; ~2 GHz -> 1 ms hides any enqueue burst.
+        self.sleep_cycles = 2_000_000
+
+    def gpu_us(self, fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> Stats:
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        torch.cuda._sleep(self.sleep_cycles)
+        for i in range(reps):
+            self.flush.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return Stats.of([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+
+    def host_us(self, fn: Callable[[], object], calls: int = 2000, batch: int = 50) -> Stats:
+        torch = self.torch
+        fn()
+        torch.cuda.synchronize()
+        xs: List[float] = []
+        pc = time.perf_counter
+        for _ in range(max(1, calls // batch)):
+            for _ in range(batch):
+                t0 = pc()
+                fn()
+                xs.append((pc() - t0) * 1e6)
+            torch.cuda.synchronize()
+        return Stats.of(xs)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One command for a GPU machine (e.g. the H200): build with all cores, run ctest + pytest on
+# the GPU, the benchmark's default suite, and print a short summary last. Full logs go to
+# $OUT (default ./out). Extra bench cases: BENCH_ARGS="--testlist file".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+JOBS=$(nproc)
+export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+export CUDACXX=${CUDACXX:-$(command -v nvcc)}
+
+nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+
+echo "== build (pip, $JOBS cores, ptxas -v)"
+rm -rf build
+t0=$(date +%s.%N)
+FLASHINFER_PTXAS_VERBOSE=ON python3 -m pip install -v --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1
+build_rc=$?
+build_s=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
+python3 scripts/ptxas_report.py < "$OUT/build.log" > "$OUT/ptxas.txt" 2>&1
+ptxas_rc=$?
+
+echo "== tests"
+FLASHINFER_TEST_NO_DEPS=1 PYTEST_ARGS="--junitxml=$OUT/pytest.xml ${PYTEST_EXTRA:-}" bash scripts/test.sh > "$OUT/tests.log" 2>&1
+test_rc=$?
+
+echo "== host overhead"
+python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+
+echo "== bench"
+python3 -m flashinfer.bench ${BENCH_ARGS:-} --output-path "$OUT/bench.csv" > "$OUT/bench.txt" 2> "$OUT/bench.err"
+bench_rc=$?
+
+echo
+echo "================ summary ================"
+head -2 "$OUT/gpu.txt" | tail -1
+echo "package build: ${build_s}s (rc=$build_rc, $JOBS cores)"
+tail -1 "$OUT/ptxas.txt"
+grep -E "tests passed|tests failed" "$OUT/tests.log" | tail -1
+grep -E "rmsnorm_example" "$OUT/tests.log" | tail -1
+grep -E "^(=+ )?[0-9]+ (passed|failed)|passed|failed" "$OUT/tests.log" | grep -E "in [0-9.]+s" | tail -1
+grep -E "rc=" "$OUT/tests.log" | tail -1
+echo "bench (rc=$bench_rc):"
+cat "$OUT/bench.txt"
+tail -3 "$OUT/bench.err"
+cat "$OUT/host.txt"
+exit $(( build_rc || test_rc || bench_rc ))
