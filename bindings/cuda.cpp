@@ -5,6 +5,9 @@
 
 #include "common.h"
 
+namespace flashinfer_bind {
+cudaError_t launch_empty(cudaStream_t stream, bool pdl);  // cuda_probe.cu
+}
 namespace fb = flashinfer_bind;
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -33,6 +36,14 @@ NB_MODULE(_cuda, m) {
         return std::make_pair(major, minor);
       },
       "device"_a);
+  // Launches an empty kernel: the host cost of a bare launch (a benchmark probe).
+  m.def(
+      "launch_empty",
+      [](uintptr_t stream, bool pdl) {
+        const cudaError_t err = fb::launch_empty(fb::as_stream(stream), pdl);
+        if (err != cudaSuccess) fb::throw_cuda("launch_empty", err);
+      },
+      "stream"_a, "pdl"_a = false);
   m.def("runtime_version", []() {
     int v = 0;
     cudaRuntimeGetVersion(&v);

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include "activation.h"
+#include "cp_async.cuh"
 #include "math.cuh"
+#include "occupancy.h"
 #include "utils.cuh"
 #include "vec_dtypes.cuh"
 
@@ -23,50 +25,104 @@ FLASHINFER_DEVICE float act(float x) {
   }
 }
 
-// grid = (rows, column blocks); each thread handles kActUnroll vectors of kVec elements,
-// issuing all loads before the first use so several 16-byte reads are in flight.
 template <typename T, ActKind kKind, int kVec>
-__global__ void ActAndMulKernel(const ActParams<T> p) {
+FLASHINFER_DEVICE void act_and_mul_store(const Vec<T, kVec>& a, const Vec<T, kVec>& b, T* out) {
+  float fa[kVec], fb[kVec];
+  a.to_float(fa);
+  b.to_float(fb);
+  FLASHINFER_UNROLL
+  for (int e = 0; e < kVec; ++e) fa[e] = act<kKind>(fa[e]) * fb[e];
+  Vec<T, kVec> o;
+  o.from_float(fa);
+  o.store_stream(out);
+}
+
+// Vectorised rows: blocks loop over tiles (row, chunk) with stride gridDim.x; each thread
+// streams its kActUnroll vectors of both halves of upcoming tiles into its own shared-memory
+// slots, `stages - 1` tiles ahead. Dynamic shared memory: [stages][2][kActUnroll][blockDim.x].
+template <typename T, ActKind kKind>
+__global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chunks_per_row, const int stages) {
+  constexpr int kVec = 16 / sizeof(T);
+  extern __shared__ uint4 slots[];
+  const int t = threadIdx.x, nt = blockDim.x;
   const int64_t nvec = p.hidden / kVec;
+  const int64_t tiles = p.rows * chunks_per_row;
+  auto slot = [&](int s, int half, int u) { return slots + ((s * 2 + half) * kActUnroll + u) * nt + t; };
+  auto col = [&](int64_t tile, int u) { return (tile % chunks_per_row) * nt * kActUnroll + int64_t{u} * nt + t; };
+  auto issue = [&](int64_t tile, int s) {
+    if (tile < tiles) {
+      const T* x1 = p.input + p.in_rows.offset(tile / chunks_per_row);
+      FLASHINFER_UNROLL
+      for (int u = 0; u < kActUnroll; ++u) {
+        const int64_t j = col(tile, u);
+        if (j < nvec) {
+          cp_async::copy16(slot(s, 0, u), x1 + j * kVec);
+          cp_async::copy16(slot(s, 1, u), x1 + p.hidden + j * kVec);
+        }
+      }
+    }
+    cp_async::commit();
+  };
+  pdl_wait();
+  const int64_t first = blockIdx.x, step = gridDim.x;
+  for (int s = 0; s + 1 < stages; ++s) issue(first + s * step, s);
+  int s_cur = 0;
+  for (int64_t tile = first; tile < tiles; tile += step) {
+    issue(tile + (stages - 1) * step, s_cur == 0 ? stages - 1 : s_cur - 1);
+    cp_async::wait(stages - 1);
+    T* out = p.out + p.out_rows.offset(tile / chunks_per_row);
+    FLASHINFER_UNROLL
+    for (int u = 0; u < kActUnroll; ++u) {
+      const int64_t j = col(tile, u);
+      if (j < nvec) {
+        act_and_mul_store<T, kKind, kVec>(*reinterpret_cast<const Vec<T, kVec>*>(slot(s_cur, 0, u)),
+                                          *reinterpret_cast<const Vec<T, kVec>*>(slot(s_cur, 1, u)), out + j * kVec);
+      }
+    }
+    s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
+  }
+  cp_async::wait(0);
+  pdl_launch_dependents();
+}
+
+// Any alignment: grid = (rows, column blocks), kActUnroll elements per thread.
+template <typename T, ActKind kKind>
+__global__ void ActAndMulScalarKernel(const ActParams<T> p) {
   const int64_t col0 = int64_t{blockIdx.y} * blockDim.x * kActUnroll + threadIdx.x;
   pdl_wait();
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x1 = p.input + p.in_rows.offset(row);
-    const T* x2 = x1 + p.hidden;
     T* out = p.out + p.out_rows.offset(row);
-    Vec<T, kVec> a[kActUnroll], b[kActUnroll];
     FLASHINFER_UNROLL
     for (int u = 0; u < kActUnroll; ++u) {
       const int64_t j = col0 + int64_t{u} * blockDim.x;
-      if (j < nvec) {
-        a[u].load_stream(x1 + j * kVec);
-        b[u].load_stream(x2 + j * kVec);
+      if (j < p.hidden) {
+        out[j] = from_float<T>(act<kKind>(to_float(x1[j])) * to_float(x1[p.hidden + j]));
       }
-    }
-    FLASHINFER_UNROLL
-    for (int u = 0; u < kActUnroll; ++u) {
-      const int64_t j = col0 + int64_t{u} * blockDim.x;
-      if (j >= nvec) continue;
-      float fa[kVec], fb[kVec];
-      a[u].to_float(fa);
-      b[u].to_float(fb);
-      FLASHINFER_UNROLL
-      for (int e = 0; e < kVec; ++e) fa[e] = act<kKind>(fa[e]) * fb[e];
-      Vec<T, kVec> o;
-      o.from_float(fa);
-      o.store_stream(out + j * kVec);
     }
   }
   pdl_launch_dependents();
 }
 
 template <ActKind kKind, typename T>
-cudaError_t ActAndMulDispatched(const ActParams<T>& p, const ActLaunch& l, cudaStream_t stream) {
+cudaError_t ActAndMulDispatched(const ActParams<T>& p, const ActShape& l, cudaStream_t stream) {
   constexpr int64_t kMaxRowBlocks = int64_t{1} << 30;
-  const dim3 grid(static_cast<unsigned>(l.row_blocks < kMaxRowBlocks ? l.row_blocks : kMaxRowBlocks),
-                  static_cast<unsigned>(l.col_blocks));
-  if (l.vec_elems == 1) return launch(ActAndMulKernel<T, kKind, 1>, grid, dim3(l.threads), 0, stream, p.pdl, p);
-  return launch(ActAndMulKernel<T, kKind, 16 / sizeof(T)>, grid, dim3(l.threads), 0, stream, p.pdl, p);
+  if (l.vec_elems > 1) {
+    constexpr auto kernel = ActAndMulPipelinedKernel<T, kKind>;
+    DeviceInfo dev;
+    FLASHINFER_CUDA_TRY(current_device_info(&dev));
+    const StreamConfig c =
+        stream_config(dev, p.rows * l.chunks_per_row, l.threads, kernel_regs<kernel>(), act_stage_bytes(l));
+    if (c.stages > 0) {
+      FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem));
+      return launch(kernel, dim3(static_cast<unsigned>(c.grid)), dim3(l.threads), c.smem, stream, p.pdl, p,
+                    l.chunks_per_row, c.stages);
+    }
+  }
+  const int64_t col_blocks = ceil_div<int64_t>(p.hidden, int64_t{l.threads} * kActUnroll);
+  const dim3 grid(static_cast<unsigned>(p.rows < kMaxRowBlocks ? p.rows : kMaxRowBlocks),
+                  static_cast<unsigned>(col_blocks));
+  return launch(ActAndMulScalarKernel<T, kKind>, grid, dim3(l.threads), 0, stream, p.pdl, p);
 }
 
 template <typename T>
@@ -77,7 +133,7 @@ cudaError_t ActAndMul(const ActParams<T>& p, ActKind kind, cudaStream_t stream) 
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const bool aligned16 = aligned(p.input) && aligned(p.out) && p.in_rows.strides_multiple_of(kE) &&
                          p.out_rows.strides_multiple_of(kE);
-  const ActLaunch l = act_launch_config(p.rows, p.hidden, kE, aligned16);
+  const ActShape l = act_shape(p.hidden, kE, aligned16);
   switch (kind) {
     case ActKind::kSilu: return ActAndMulDispatched<ActKind::kSilu>(p, l, stream);
     case ActKind::kGelu: return ActAndMulDispatched<ActKind::kGelu>(p, l, stream);

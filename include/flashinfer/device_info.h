@@ -6,7 +6,10 @@ namespace flashinfer {
 
 struct DeviceInfo {
   int num_sms = 132;
-  int smem_optin = 227 * 1024;  // max dynamic shared memory per block after opt-in, bytes
+  int smem_optin = 227 * 1024;     // max dynamic shared memory per block after opt-in, bytes
+  int smem_per_sm = 228 * 1024;    // shared memory per SM, bytes
+  int max_threads_per_sm = 2048;
+  int regs_per_sm = 65536;
   int cc_major = 9;
   int cc_minor = 0;
 

@@ -1,11 +1,10 @@
 // RMSNorm, fused add + RMSNorm (plain and Gemma) and LayerNorm kernels and their launcher.
-// Parameters, validation and launch arithmetic live in norm.h.
+// Parameters, validation and launch arithmetic live in norm.h (paths: see NormPath).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
+#include "cp_async.cuh"
 #include "dispatch.h"
 #include "math.cuh"
 #include "norm.h"
@@ -15,11 +14,6 @@
 namespace flashinfer {
 namespace norm {
 namespace detail {
-
-// Sum over the threads that own one row: a warp (rows_per_block > 1) or the whole block.
-FLASHINFER_DEVICE float row_sum(float v, bool warp_per_row, float* smem) {
-  return warp_per_row ? warp::reduce_sum(v) : block::reduce_sum(v, smem);
-}
 
 // Loads kN weight (or bias) values as fp32, whatever their storage type.
 template <int kN, typename WT>
@@ -33,113 +27,184 @@ FLASHINFER_DEVICE void load_weight_f32(const WT* p, float* f) {
   }
 }
 
-}  // namespace detail
+FLASHINFER_DEVICE void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
-// Vectorised path: the row lives in registers (as loaded, 16-bit) between the reduction
-// and the write, so every byte is read once and written once. Each thread owns kVecs
-// 16-byte vectors strided by threads_per_row * kVecElems elements; all its loads are
-// issued before the first use.
+// Normalizes one row held in registers. Thread t owns vectors j = i * stride + t (i < kVecs,
+// j < nvec): xv[i] from the input and, for kFusedAddRMS, rv[i] from the residual. Every
+// thread of the reducing group (a warp, or the block) must call; row_ok = false threads add
+// nothing and store nothing.
 template <typename T, typename WT, int kVecs, NormKind kKind>
-__global__ void NormKernel(const NormParams<T, WT> p, const int threads_per_row) {
+FLASHINFER_DEVICE void normalize_row(const NormParams<T, WT>& p, int64_t row, bool row_ok,
+                                     const Vec<T, kVecElems<T>>* xv, const Vec<T, kVecElems<T>>* rv,
+                                     int t, int stride, bool warp_reduce, float* red) {
   constexpr int kE = kVecElems<T>;
   constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
-  __shared__ float smem[32];
-  const bool warp_per_row = threads_per_row == 32 && blockDim.x > 32;
-  const int rows_per_block = blockDim.x / threads_per_row;
-  const int t = threadIdx.x % threads_per_row;
   const int64_t nvec = p.hidden / kE;
   const float inv_h = 1.f / static_cast<float>(p.hidden);
-
-  pdl_wait();
-  for (int64_t base = int64_t{blockIdx.x} * rows_per_block; base < p.rows;
-       base += int64_t{gridDim.x} * rows_per_block) {
-    const int64_t row = base + threadIdx.x / threads_per_row;
-    const bool row_ok = row < p.rows;
-    const T* in = p.input + (row_ok ? p.in_rows.offset(row) : 0);
-    T* res = kFused ? p.residual + (row_ok ? p.res_rows.offset(row) : 0) : nullptr;
-    Vec<T, kE> xv[kVecs], rv[kFused ? kVecs : 1];
-    FLASHINFER_UNROLL
-    for (int i = 0; i < kVecs; ++i) {
-      const int64_t j = int64_t{i} * threads_per_row + t;
-      if (row_ok && j < nvec) {
-        xv[i].load_stream(in + j * kE);
-        if constexpr (kFused) rv[i].load_stream(res + j * kE);
-      }
+  auto owns = [&](int i) { return row_ok && int64_t{i} * stride + t < nvec; };
+  // x (or x + residual) in fp32, recomputed from the 16-bit registers where needed.
+  auto value = [&](int i, float* f) {
+    xv[i].to_float(f);
+    if constexpr (kFused) {
+      float g[kE];
+      rv[i].to_float(g);
+      FLASHINFER_UNROLL
+      for (int e = 0; e < kE; ++e) f[e] += g[e];
     }
-    // x (or x + residual) in fp32, recomputed from the registers wherever it is needed.
-    auto value = [&](int i, float* f) {
-      xv[i].to_float(f);
-      if constexpr (kFused) {
-        float g[kE];
-        rv[i].to_float(g);
-        FLASHINFER_UNROLL
-        for (int e = 0; e < kE; ++e) f[e] += g[e];
-      }
-    };
-    float acc = 0.f;
+  };
+  auto reduce = [&](float v) { return warp_reduce ? warp::reduce_sum(v) : block::reduce_sum(v, red); };
+
+  float acc = 0.f;
+  FLASHINFER_UNROLL
+  for (int i = 0; i < kVecs; ++i) {
+    if (!owns(i)) continue;
+    float f[kE];
+    value(i, f);
+    FLASHINFER_UNROLL
+    for (int e = 0; e < kE; ++e) acc += kKind == NormKind::kLayer ? f[e] : f[e] * f[e];
+  }
+  float mean = 0.f;
+  float ms = reduce(acc) * inv_h;
+  if constexpr (kKind == NormKind::kLayer) {
+    // sum (x - mean)^2 over the registers: exact where E[x^2] - mean^2 would cancel.
+    mean = ms;
+    acc = 0.f;
     FLASHINFER_UNROLL
     for (int i = 0; i < kVecs; ++i) {
-      if (!(row_ok && int64_t{i} * threads_per_row + t < nvec)) continue;
+      if (!owns(i)) continue;
       float f[kE];
       value(i, f);
       FLASHINFER_UNROLL
-      for (int e = 0; e < kE; ++e) acc += kKind == NormKind::kLayer ? f[e] : f[e] * f[e];
+      for (int e = 0; e < kE; ++e) acc += (f[e] - mean) * (f[e] - mean);
     }
-    float mean = 0.f;
-    float ms = detail::row_sum(acc, warp_per_row, smem) * inv_h;
+    ms = reduce(acc) * inv_h;
+  }
+  if (!row_ok) return;
+  const float rstd = rsqrtf(ms + p.eps);
+  T* out = p.out + p.out_rows.offset(row);
+  T* res = kFused ? p.residual + p.res_rows.offset(row) : nullptr;
+  FLASHINFER_UNROLL
+  for (int i = 0; i < kVecs; ++i) {
+    if (!owns(i)) continue;
+    const int64_t j = int64_t{i} * stride + t;
+    float f[kE], w[kE], y[kE];
+    value(i, f);
+    load_weight_f32<kE>(p.weight + j * kE, w);
     if constexpr (kKind == NormKind::kLayer) {
-      // Second reduction over the registers: sum (x - mean)^2 is exact where
-      // E[x^2] - mean^2 would cancel.
-      mean = ms;
-      acc = 0.f;
+      float b[kE];
+      load_weight_f32<kE>(p.bias + j * kE, b);
       FLASHINFER_UNROLL
-      for (int i = 0; i < kVecs; ++i) {
-        if (!(row_ok && int64_t{i} * threads_per_row + t < nvec)) continue;
-        float f[kE];
-        value(i, f);
-        FLASHINFER_UNROLL
-        for (int e = 0; e < kE; ++e) acc += (f[e] - mean) * (f[e] - mean);
-      }
-      ms = detail::row_sum(acc, warp_per_row, smem) * inv_h;
+      for (int e = 0; e < kE; ++e) y[e] = (f[e] - mean) * rstd * w[e] + b[e];
+    } else {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < kE; ++e) y[e] = f[e] * rstd * (w[e] + p.weight_offset);
     }
-    const float rstd = rsqrtf(ms + p.eps);
-    if (!row_ok) continue;
-    T* out = p.out + p.out_rows.offset(row);
+    if constexpr (kFused) {
+      Vec<T, kE> r;
+      r.from_float(f);
+      r.store_stream(res + j * kE);
+    }
+    Vec<T, kE> o;
+    o.from_float(y);
+    o.store_stream(out + j * kE);
+  }
+}
+
+}  // namespace detail
+
+// kWarpRows: a warp per row, kWarpRowsPerBlock rows per block, the row in registers.
+template <typename T, typename WT, int kVecs, NormKind kKind>
+__global__ void NormWarpKernel(const NormParams<T, WT> p) {
+  constexpr int kE = kVecElems<T>;
+  constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
+  const int lane = threadIdx.x & 31;
+  const int64_t nvec = p.hidden / kE;
+  pdl_wait();
+  for (int64_t base = int64_t{blockIdx.x} * kWarpRowsPerBlock; base < p.rows;
+       base += int64_t{gridDim.x} * kWarpRowsPerBlock) {
+    const int64_t row = base + (threadIdx.x >> 5);
+    const bool row_ok = row < p.rows;
+    Vec<T, kE> xv[kVecs], rv[kFused ? kVecs : 1];
     FLASHINFER_UNROLL
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t j = int64_t{i} * threads_per_row + t;
-      if (j >= nvec) continue;
-      float f[kE], w[kE], y[kE];
-      value(i, f);
-      detail::load_weight_f32<kE>(p.weight + j * kE, w);
-      if constexpr (kKind == NormKind::kLayer) {
-        float b[kE];
-        detail::load_weight_f32<kE>(p.bias + j * kE, b);
-        FLASHINFER_UNROLL
-        for (int e = 0; e < kE; ++e) y[e] = (f[e] - mean) * rstd * w[e] + b[e];
-      } else {
-        FLASHINFER_UNROLL
-        for (int e = 0; e < kE; ++e) y[e] = f[e] * rstd * (w[e] + p.weight_offset);
+      const int64_t j = int64_t{i} * 32 + lane;
+      if (row_ok && j < nvec) {
+        xv[i].load_stream(p.input + p.in_rows.offset(row) + j * kE);
+        if constexpr (kFused) rv[i].load_stream(p.residual + p.res_rows.offset(row) + j * kE);
       }
-      if constexpr (kFused) {
-        Vec<T, kE> r;
-        r.from_float(f);
-        r.store_stream(res + j * kE);
-      }
-      Vec<T, kE> o;
-      o.from_float(y);
-      o.store_stream(out + j * kE);
     }
+    detail::normalize_row<T, WT, kVecs, kKind>(p, row, row_ok, xv, rv, lane, 32, true, nullptr);
   }
   pdl_launch_dependents();
 }
 
-// Scalar path for any hidden size or alignment: one block per row, passes over global
-// memory (the re-reads of a row mostly hit L1/L2). For kFusedAddRMS the residual is only
-// overwritten in the last pass, after every thread has read its own elements.
+// kPipelined: blocks loop over rows blockIdx.x, +gridDim.x, ...; each thread keeps
+// `stages - 1` upcoming rows of its own vectors in flight (cp.async into its own shared
+// memory slots), so the memory system always has work while the current row reduces.
+// Dynamic shared memory: [stages][inputs][kVecs][blockDim.x] 16-byte slots.
+template <typename T, typename WT, int kVecs, NormKind kKind>
+__global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages) {
+  constexpr int kE = kVecElems<T>;
+  constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
+  constexpr int kInputs = kFused ? 2 : 1;
+  extern __shared__ uint4 slots[];
+  __shared__ float red[32];
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int64_t nvec = p.hidden / kE;
+  auto slot = [&](int s, int in, int i) { return slots + ((s * kInputs + in) * kVecs + i) * nt + t; };
+  auto issue = [&](int64_t row, int s) {
+    if (row < p.rows) {
+      const T* x = p.input + p.in_rows.offset(row);
+      const T* r = kFused ? p.residual + p.res_rows.offset(row) : nullptr;
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        const int64_t j = int64_t{i} * nt + t;
+        if (j < nvec) {
+          cp_async::copy16(slot(s, 0, i), x + j * kE);
+          if constexpr (kFused) cp_async::copy16(slot(s, 1, i), r + j * kE);
+        }
+      }
+    }
+    cp_async::commit();  // one group per row, empty past the end, so the counting holds
+  };
+
+  pdl_wait();
+  FLASHINFER_UNROLL
+  for (int i = 0; i < kVecs; ++i) {  // weights are re-read for every row: bring them to L1
+    const int64_t j = int64_t{i} * nt + t;
+    if (j < nvec) {
+      detail::prefetch_l1(p.weight + j * kE);
+      if constexpr (kKind == NormKind::kLayer) detail::prefetch_l1(p.bias + j * kE);
+    }
+  }
+  const int64_t first = blockIdx.x, step = gridDim.x;
+  for (int s = 0; s + 1 < stages; ++s) issue(first + s * step, s);
+  int s_cur = 0;
+  for (int64_t row = first; row < p.rows; row += step) {
+    const int s_next = s_cur == 0 ? stages - 1 : s_cur - 1;  // (s_cur + stages - 1) % stages
+    issue(row + (stages - 1) * step, s_next);
+    cp_async::wait(stages - 1);  // this row's group has landed
+    Vec<T, kE> xv[kVecs], rv[kFused ? kVecs : 1];
+    FLASHINFER_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      if (int64_t{i} * nt + t < nvec) {
+        xv[i] = *reinterpret_cast<const Vec<T, kE>*>(slot(s_cur, 0, i));
+        if constexpr (kFused) rv[i] = *reinterpret_cast<const Vec<T, kE>*>(slot(s_cur, 1, i));
+      }
+    }
+    detail::normalize_row<T, WT, kVecs, kKind>(p, row, true, xv, rv, t, nt, false, red);
+    s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
+  }
+  cp_async::wait(0);
+  pdl_launch_dependents();
+}
+
+// kScalar: any hidden size or alignment: one block per row, passes over global memory (the
+// re-reads of a row mostly hit L1/L2). For kFusedAddRMS the residual is only overwritten in
+// the last pass, after every thread has read its own elements.
 template <typename T, typename WT, NormKind kKind>
 __global__ void NormScalarKernel(const NormParams<T, WT> p) {
-  __shared__ float smem[32];
+  __shared__ float red[32];
   const float inv_h = 1.f / static_cast<float>(p.hidden);
   pdl_wait();
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -156,7 +221,7 @@ __global__ void NormScalarKernel(const NormParams<T, WT> p) {
       acc += kKind == NormKind::kLayer ? v : v * v;
     }
     float mean = 0.f;
-    float ms = block::reduce_sum(acc, smem) * inv_h;
+    float ms = block::reduce_sum(acc, red) * inv_h;
     if constexpr (kKind == NormKind::kLayer) {
       mean = ms;
       acc = 0.f;
@@ -164,7 +229,7 @@ __global__ void NormScalarKernel(const NormParams<T, WT> p) {
         const float d = value(j) - mean;
         acc += d * d;
       }
-      ms = block::reduce_sum(acc, smem) * inv_h;
+      ms = block::reduce_sum(acc, red) * inv_h;
     }
     const float rstd = rsqrtf(ms + p.eps);
     T* out = p.out + p.out_rows.offset(row);
@@ -184,26 +249,50 @@ __global__ void NormScalarKernel(const NormParams<T, WT> p) {
   pdl_launch_dependents();
 }
 
-// The grid loops over rows, so the block count is capped well under gridDim.x's limit.
+// Grids that loop over rows are capped well under gridDim.x's limit.
 constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 
+template <NormKind kKind, int kVecs, typename T, typename WT>
+cudaError_t NormPipelined(const NormParams<T, WT>& p, const NormShape& l, cudaStream_t stream) {
+  constexpr auto kernel = NormPipelinedKernel<T, WT, kVecs, kKind>;
+  DeviceInfo dev;
+  FLASHINFER_CUDA_TRY(current_device_info(&dev));
+  const StreamConfig c =
+      stream_config(dev, p.rows, l.threads, kernel_regs<kernel>(), norm_stage_bytes(l, kKind));
+  if (c.stages == 0) {  // rows too wide for two stages in shared memory: scalar passes
+    const dim3 grid(static_cast<unsigned>(p.rows < kMaxBlocks ? p.rows : kMaxBlocks));
+    return launch(NormScalarKernel<T, WT, kKind>, grid, dim3(1024), 0, stream, p.pdl, p);
+  }
+  FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem));
+  return launch(kernel, dim3(static_cast<unsigned>(c.grid)), dim3(l.threads), c.smem, stream, p.pdl, p,
+                c.stages);
+}
+
 template <NormKind kKind, typename T, typename WT>
-cudaError_t NormDispatched(const NormParams<T, WT>& p, const NormLaunch& l, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(l.blocks < kMaxBlocks ? l.blocks : kMaxBlocks));
-  const dim3 block(l.threads);
-  if (!l.vectorized) {
-    return launch(NormScalarKernel<T, WT, kKind>, grid, block, 0, stream, p.pdl, p);
+cudaError_t NormDispatched(const NormParams<T, WT>& p, const NormShape& l, cudaStream_t stream) {
+  if (l.path == NormPath::kScalar) {
+    const dim3 grid(static_cast<unsigned>(p.rows < kMaxBlocks ? p.rows : kMaxBlocks));
+    return launch(NormScalarKernel<T, WT, kKind>, grid, dim3(l.threads), 0, stream, p.pdl, p);
   }
   cudaError_t err = cudaErrorInvalidValue;
+  if (l.path == NormPath::kWarpRows) {
+    const int64_t blocks = ceil_div<int64_t>(p.rows, kWarpRowsPerBlock);
+    const dim3 grid(static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks));
+    with_int<1, 2, 4>(l.vecs_per_thread, [&](auto v) {
+      err = launch(NormWarpKernel<T, WT, decltype(v)::value, kKind>, grid, dim3(l.threads), 0, stream, p.pdl, p);
+      return Status::kSuccess;
+    });
+    return err;
+  }
   with_int<1, 2, 4, 8>(l.vecs_per_thread, [&](auto v) {
-    err = launch(NormKernel<T, WT, decltype(v)::value, kKind>, grid, block, 0, stream, p.pdl, p,
-                 l.threads_per_row);
+    err = NormPipelined<kKind, decltype(v)::value>(p, l, stream);
     return Status::kSuccess;
   });
   return err;
 }
 
-// Launches `kind` on `stream`. Rows with a stride are read in place (see RowLayout).
+// Launches `kind` on `stream` (on the current device). Rows with a stride are read in place
+// (see RowLayout).
 template <typename T, typename WT>
 cudaError_t Norm(const NormParams<T, WT>& p, NormKind kind, cudaStream_t stream) {
   if (validate(p, kind) != Status::kSuccess) return cudaErrorInvalidValue;
@@ -215,7 +304,7 @@ cudaError_t Norm(const NormParams<T, WT>& p, NormKind kind, cudaStream_t stream)
   if (kind == NormKind::kFusedAddRMS)
     aligned16 = aligned16 && aligned(p.residual) && p.res_rows.strides_multiple_of(kE);
   if (kind == NormKind::kLayer) aligned16 = aligned16 && aligned(p.bias);
-  const NormLaunch l = norm_launch_config(p.rows, p.hidden, kE, aligned16, kind);
+  const NormShape l = norm_shape(p.hidden, kE, aligned16);
   switch (kind) {
     case NormKind::kRMS: return NormDispatched<NormKind::kRMS>(p, l, stream);
     case NormKind::kFusedAddRMS: return NormDispatched<NormKind::kFusedAddRMS>(p, l, stream);

@@ -5,7 +5,9 @@
 #include <cstdint>
 
 #include "config.h"
+#include "device_info.h"
 #include "layout.h"
+#include "occupancy.h"
 #include "status.h"
 
 namespace flashinfer {
@@ -37,56 +39,59 @@ struct NormParams {
 template <typename T>
 constexpr int kVecElems = 16 / sizeof(T);
 
-// The shape of a launch. The vectorised path holds a whole row in registers: each of
-// `threads_per_row` threads owns `vecs_per_thread` 16-byte vectors; rows_per_block rows
-// share a block (one warp each) when rows are short. The scalar path loops over the row.
-struct NormLaunch {
-  bool vectorized = false;
-  int vecs_per_thread = 1;  // one of 1, 2, 4, 8
-  int threads_per_row = 32;
-  int rows_per_block = 1;
-  int threads = 32;  // block size
-  int64_t blocks = 0;
+// How a row is processed.
+//  kWarpRows:  short rows (<= 128 vectors): one warp per row, 8 rows per block, the row in
+//              registers.
+//  kPipelined: one block per row, blocks persistent over rows; each thread streams its
+//              16-byte vectors of upcoming rows into shared memory with cp.async, several
+//              rows ahead, so bytes in flight are not bounded by registers.
+//  kScalar:    any size or alignment: one block per row, scalar passes over global memory.
+enum class NormPath : int { kWarpRows = 0, kPipelined = 1, kScalar = 2 };
+
+struct NormShape {
+  NormPath path = NormPath::kScalar;
+  int vecs_per_thread = 1;  // 16-byte vectors a thread owns per row: 1, 2, 4 or 8
+  int threads = 32;         // block size
+  int rows_per_block = 1;   // kWarpRows: 8
 };
 
 constexpr int kMaxVecsPerThread = 8;
-constexpr int kWarpRowsMaxVecs = 4 * 32;  // rows up to 128 vectors (1024 16-bit elements): a warp each
+constexpr int kWarpRowsMaxVecs = 4 * 32;  // <= 1024 16-bit elements: a warp per row
+constexpr int kWarpRowsPerBlock = 8;
 
 // vec_elems: elements per 16-byte vector. aligned16: every row start (and weight) is 16-byte
 // aligned. Pure arithmetic: no device query.
-inline NormLaunch norm_launch_config(int64_t rows, int64_t hidden, int vec_elems, bool aligned16,
-                                     NormKind kind) {
-  NormLaunch l;
+inline NormShape norm_shape(int64_t hidden, int vec_elems, bool aligned16) {
+  NormShape l;
   const int64_t nvec = hidden / vec_elems;
-  l.vectorized = aligned16 && hidden % vec_elems == 0 && nvec > 0 &&
-                 nvec <= int64_t{kMaxVecsPerThread} * 1024;
-  if (!l.vectorized) {
-    l.threads_per_row = static_cast<int>(hidden >= 1024 ? 1024 : round_up<int64_t>(hidden, 32));
-    if (l.threads_per_row < 32) l.threads_per_row = 32;
-    if (l.threads_per_row > 256 && hidden < 4096) l.threads_per_row = 256;
-    l.rows_per_block = 1;
-    l.threads = l.threads_per_row;
-    l.blocks = rows;
+  const bool vectorized = aligned16 && hidden % vec_elems == 0 && nvec > 0 &&
+                          nvec <= int64_t{kMaxVecsPerThread} * 1024;
+  if (!vectorized) {
+    int t = static_cast<int>(hidden >= 1024 ? 1024 : round_up<int64_t>(hidden, 32));
+    if (t > 256 && hidden < 4096) t = 256;
+    l.threads = t;
     return l;
   }
   if (nvec <= kWarpRowsMaxVecs) {
+    l.path = NormPath::kWarpRows;
     l.vecs_per_thread = nvec <= 32 ? 1 : nvec <= 64 ? 2 : 4;
-    l.threads_per_row = 32;
-    l.rows_per_block = 8;
-  } else {
-    // Prefer 256-thread blocks (8 resident per SM keeps ~64 KiB per SM in flight); the
-    // fused kernel keeps fp32 sums of two inputs, so it moves to wider blocks sooner.
-    const int64_t max_vecs_at_256 = kind == NormKind::kFusedAddRMS ? 4 : 8;
-    int v = 1;
-    while (v < max_vecs_at_256 && ceil_div<int64_t>(nvec, v) > 256) v *= 2;
-    while (v < kMaxVecsPerThread && ceil_div<int64_t>(nvec, v) > 1024) v *= 2;
-    l.vecs_per_thread = v;
-    l.threads_per_row = static_cast<int>(round_up<int64_t>(ceil_div<int64_t>(nvec, v), 32));
-    l.rows_per_block = 1;
+    l.rows_per_block = kWarpRowsPerBlock;
+    l.threads = 32 * kWarpRowsPerBlock;
+    return l;
   }
-  l.threads = l.threads_per_row * l.rows_per_block;
-  l.blocks = ceil_div<int64_t>(rows, l.rows_per_block);
+  // 256-thread blocks while a thread owns <= 8 vectors (rows up to 2048 vectors), wider after.
+  l.path = NormPath::kPipelined;
+  int v = 1;
+  while (v < kMaxVecsPerThread && ceil_div<int64_t>(nvec, v) > 256) v *= 2;
+  l.vecs_per_thread = v;
+  l.threads = static_cast<int>(round_up<int64_t>(ceil_div<int64_t>(nvec, v), 32));
   return l;
+}
+
+// Shared memory of one pipeline stage: one row of each streamed input, in thread-owned slots.
+inline int64_t norm_stage_bytes(const NormShape& l, NormKind kind) {
+  const int inputs = kind == NormKind::kFusedAddRMS ? 2 : 1;
+  return int64_t{inputs} * l.vecs_per_thread * l.threads * 16;
 }
 
 // What the kernels assume; the binding has already produced friendlier messages.

@@ -23,6 +23,53 @@ inline cudaError_t query_device_info(int device, DeviceInfo* info) {
       cudaDeviceGetAttribute(&info->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   FLASHINFER_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, device));
   FLASHINFER_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+  FLASHINFER_CUDA_TRY(
+      cudaDeviceGetAttribute(&info->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  FLASHINFER_CUDA_TRY(
+      cudaDeviceGetAttribute(&info->max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  FLASHINFER_CUDA_TRY(cudaDeviceGetAttribute(&info->regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+  return cudaSuccess;
+}
+
+// The current device's DeviceInfo, queried once per device and then served from a table
+// (launchers call this on every launch; after the first call it costs one cudaGetDevice).
+inline cudaError_t current_device_info(DeviceInfo* info) {
+  constexpr int kMaxDevices = 64;
+  static DeviceInfo table[kMaxDevices];
+  static bool known[kMaxDevices] = {};
+  int dev = 0;
+  FLASHINFER_CUDA_TRY(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) return query_device_info(dev, info);
+  if (!known[dev]) {
+    FLASHINFER_CUDA_TRY(query_device_info(dev, &table[dev]));
+    known[dev] = true;  // benign race: every writer stores the same values
+  }
+  *info = table[dev];
+  return cudaSuccess;
+}
+
+// Registers per thread of a kernel (asked once per kernel).
+template <auto kKernel>
+int kernel_regs() {
+  static const int regs = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess ? attr.numRegs : 64;
+  }();
+  return regs;
+}
+
+// Raises a kernel's dynamic shared memory limit to at least `bytes` (once per size step).
+template <auto kKernel>
+cudaError_t ensure_dynamic_smem(size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  constexpr int kMaxDevices = 64;
+  static size_t granted[kMaxDevices] = {};
+  int dev = 0;
+  FLASHINFER_CUDA_TRY(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < kMaxDevices && granted[dev] >= bytes) return cudaSuccess;
+  FLASHINFER_CUDA_TRY(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+  if (dev >= 0 && dev < kMaxDevices) granted[dev] = bytes;
   return cudaSuccess;
 }
 

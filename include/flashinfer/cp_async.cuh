@@ -1,0 +1,41 @@
+// Asynchronous 16-byte global -> shared copies (cp.async, sm_80+) used as a deep per-thread
+// prefetch queue by the streaming kernels: a thread only ever reads back the slots it
+// copied itself, so completion needs cp.async.wait_group and no block barrier.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "config.h"
+
+namespace flashinfer {
+namespace cp_async {
+
+FLASHINFER_DEVICE uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies 16 bytes (both addresses 16-byte aligned); .cg bypasses L1: the data is used once.
+FLASHINFER_DEVICE void copy16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+
+FLASHINFER_DEVICE void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most n of this thread's committed groups are still in flight (n <= 7).
+FLASHINFER_DEVICE void wait(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+  }
+}
+
+}  // namespace cp_async
+}  // namespace flashinfer
