@@ -1,0 +1,426 @@
+"""Argument validation, on CPU: no GPU needed.
+
+The bindings check ndim, dtype, shape and strides before the device, so CPU tensors exercise
+every check except "must be a CUDA tensor" (which CPU tensors trigger once all else is valid).
+Errors are ValueErrors whose message names the function and the argument; a non-tensor is a
+TypeError; the activations' Python-level out-shape checks are assertions (as in FlashInfer).
+The last tests call the raw binding with hand-built DLPack capsules that claim CUDA memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+import flashinfer  # noqa: E402
+from flashinfer import _cuda, _norm  # noqa: E402
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+
+RMS = ("rmsnorm", "gemma_rmsnorm")
+FUSED = ("fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
+NORMS = RMS + FUSED + ("layernorm",)
+ACTS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+ALL = NORMS + ACTS
+WEIGHTED = RMS + FUSED  # take a `weight` of the input's dtype
+
+
+def valid_args(name, rows=4, hidden=64, dtype=F16):
+    """Keyword arguments that pass every check except the device one (they are on the CPU)."""
+    x = torch.randn(rows, hidden, dtype=dtype)
+    if name in RMS:
+        return dict(input=x, weight=torch.randn(hidden, dtype=dtype))
+    if name in FUSED:
+        return dict(input=x, residual=torch.randn(rows, hidden, dtype=dtype),
+                    weight=torch.randn(hidden, dtype=dtype))
+    if name == "layernorm":
+        return dict(input=x, gemma=torch.randn(hidden), beta=torch.randn(hidden))
+    return dict(input=torch.randn(rows, 2 * hidden, dtype=dtype))
+
+
+def call(name, **kwargs):
+    return getattr(flashinfer, name)(**kwargs)
+
+
+def raises_value_error(name, message):
+    """pytest.raises for ValueError('<name>: <message>'), the message matched literally."""
+    return pytest.raises(ValueError, match="^" + re.escape(f"{name}: {message}") + "$")
+
+
+def every_other_column(shape, dtype):
+    """A tensor of `shape` whose last dimension has stride 2."""
+    return torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+
+
+# --- device ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
+def test_cpu_tensors_are_rejected_naming_cuda(name, dtype):
+    with raises_value_error(name, "input must be a CUDA tensor; got a tensor on device type cpu"):
+        call(name, **valid_args(name, dtype=dtype))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_numpy_arrays_are_rejected_naming_cuda(name):
+    args = {k: v.numpy() for k, v in valid_args(name).items()}
+    with raises_value_error(name, "input must be a CUDA tensor; got a tensor on device type cpu"):
+        call(name, **args)
+
+
+# --- dtype -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("bad", [torch.float32, torch.float64, torch.int32, torch.uint8])
+def test_input_dtype_must_be_fp16_or_bf16(name, bad):
+    args = valid_args(name)
+    args["input"] = args["input"].to(bad)
+    with raises_value_error(name, f"input.dtype must be float16 or bfloat16; got {str(bad).removeprefix('torch.')}"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", WEIGHTED)
+@pytest.mark.parametrize("x_dtype, w_dtype", [(F16, BF16), (BF16, F16), (F16, F32)])
+def test_weight_dtype_must_match_input(name, x_dtype, w_dtype):
+    args = valid_args(name, dtype=x_dtype)
+    args["weight"] = args["weight"].to(w_dtype)
+    want, got = (str(d).removeprefix("torch.") for d in (x_dtype, w_dtype))
+    with raises_value_error(name, f"weight.dtype must be {want}; got {got}"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_residual_dtype_must_match_input(name):
+    args = valid_args(name, dtype=BF16)
+    args["residual"] = args["residual"].to(F16)
+    with raises_value_error(name, "residual.dtype must be bfloat16; got float16"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("arg", ["gemma", "beta"])
+@pytest.mark.parametrize("bad", [BF16, F16, torch.float64])
+def test_layernorm_gemma_and_beta_must_be_float32(arg, bad):
+    args = valid_args("layernorm", dtype=BF16)
+    args[arg] = args[arg].to(bad)
+    with raises_value_error("layernorm", f"{arg}.dtype must be float32; got {str(bad).removeprefix('torch.')}"):
+        call("layernorm", **args)
+
+
+@pytest.mark.parametrize("name", RMS + ACTS)
+def test_out_dtype_must_match_input(name):
+    args = valid_args(name, dtype=BF16)
+    out_shape = (4, 64)
+    args["out"] = torch.empty(out_shape, dtype=F16)
+    with raises_value_error(name, "out.dtype must be bfloat16; got float16"):
+        call(name, **args)
+
+
+# --- shape and ndim --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", WEIGHTED)
+def test_weight_length_must_equal_hidden_size(name):
+    args = valid_args(name)
+    args["weight"] = args["weight"][:32]
+    with raises_value_error(name, "weight.shape[0] must equal input.shape[-1] (64); got 32"):
+        call(name, **args)
+
+
+def test_qk_norm_weight_length_must_equal_head_dim():
+    x = torch.randn(4, 8, 128, dtype=F16)
+    with raises_value_error("rmsnorm", "weight.shape[0] must equal input.shape[-1] (128); got 1024"):
+        flashinfer.rmsnorm(x, torch.randn(8 * 128, dtype=F16))
+
+
+@pytest.mark.parametrize("arg", ["gemma", "beta"])
+def test_layernorm_gemma_and_beta_length_must_equal_hidden_size(arg):
+    args = valid_args("layernorm")
+    args[arg] = torch.randn(65)
+    with raises_value_error("layernorm", f"{arg}.shape[0] must equal input.shape[-1] (64); got 65"):
+        call("layernorm", **args)
+
+
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("shape", [(3, 64), (4, 32), (1, 4, 64)])
+def test_residual_shape_must_equal_input_shape(name, shape):
+    args = valid_args(name)
+    args["residual"] = torch.randn(shape, dtype=F16)
+    got = "(" + ", ".join(map(str, shape)) + ")"
+    with raises_value_error(name, f"residual.shape must equal input.shape (4, 64); got {got}"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", RMS)
+@pytest.mark.parametrize("shape", [(4, 65), (3, 64), (4, 1, 64), (256,)])
+def test_out_shape_must_equal_input_shape(name, shape):
+    args = valid_args(name)
+    got = "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+    with raises_value_error(name, f"out.shape must equal input.shape (4, 64); got {got}"):
+        call(name, out=torch.empty(shape, dtype=F16), **args)
+
+
+@pytest.mark.parametrize("name", ACTS)
+@pytest.mark.parametrize("shape, message", [
+    ((4, 65), r"out.shape\[-1\] \(65\) must be input.shape\[-1\] // 2 \(64\)"),
+    ((4, 128), r"out.shape\[-1\] \(128\) must be input.shape\[-1\] // 2 \(64\)"),
+    ((3, 64), r"out.shape\[:-1\] \(3,\) must equal input.shape\[:-1\] \(4,\)"),
+    ((1, 4, 64), r"out.ndim \(3\) must equal input.ndim \(2\)"),
+])
+def test_activation_out_shape_is_asserted(name, shape, message):
+    with pytest.raises(AssertionError, match=message):
+        call(name, out=torch.empty(shape, dtype=F16), **valid_args(name))
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_1d_input_is_rejected(name):
+    args = valid_args(name)
+    args["input"] = args["input"][0]
+    if name in FUSED:
+        args["residual"] = args["residual"][0]
+    what = "2-D [num_tokens, hidden_size]" + (" or 3-D [num_tokens, num_heads, head_dim]" if name in RMS else "")
+    with raises_value_error(name, f"input must be {what}; got a 1-D tensor of shape (64,)"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", RMS)
+def test_4d_input_is_rejected(name):
+    args = valid_args(name)
+    args["input"] = torch.randn(2, 2, 1, 64, dtype=F16)
+    with raises_value_error(name, "input must be 2-D [num_tokens, hidden_size] or 3-D [num_tokens, num_heads, "
+                                  "head_dim]; got a 4-D tensor of shape (2, 2, 1, 64)"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", FUSED + ("layernorm",))
+def test_3d_input_is_rejected_where_only_2d_is_supported(name):
+    args = valid_args(name)
+    args["input"] = torch.randn(4, 2, 64, dtype=F16)
+    if name in FUSED:
+        args["residual"] = torch.randn(4, 2, 64, dtype=F16)
+    with raises_value_error(name, "input must be 2-D [num_tokens, hidden_size]; got a 3-D tensor of shape (4, 2, 64)"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name, arg", [(n, "weight") for n in WEIGHTED] + [("layernorm", "gemma"),
+                                                                           ("layernorm", "beta")])
+@pytest.mark.parametrize("shape", [(1, 64), ()])
+def test_weight_must_be_1d(name, arg, shape):
+    args = valid_args(name)
+    args[arg] = torch.randn(shape, dtype=args[arg].dtype)
+    got = f"a {len(shape)}-D tensor of shape (" + ", ".join(map(str, shape)) + ")"
+    with raises_value_error(name, f"{arg} must be 1-D [hidden_size]; got {got}"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_hidden_size_zero_is_rejected(name):
+    args = {k: v[..., :0] for k, v in valid_args(name).items()}
+    with raises_value_error(name, "input.shape[-1] (hidden size) must be > 0; got 0"):
+        call(name, **args)
+
+
+# --- strides ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ALL)
+def test_input_must_be_contiguous_in_its_last_dimension(name):
+    args = valid_args(name)
+    args["input"] = every_other_column(args["input"].shape, F16)
+    with raises_value_error(name, "input must be contiguous in its last dimension (stride 1); got stride 2"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", RMS + ACTS)
+def test_out_must_be_contiguous_in_its_last_dimension(name):
+    args = valid_args(name)
+    with raises_value_error(name, "out must be contiguous in its last dimension (stride 1); got stride 2"):
+        call(name, out=every_other_column((4, 64), F16), **args)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_residual_must_be_contiguous_in_its_last_dimension(name):
+    args = valid_args(name)
+    args["residual"] = every_other_column((4, 64), F16)
+    with raises_value_error(name, "residual must be contiguous in its last dimension (stride 1); got stride 2"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name, arg", [(n, "weight") for n in WEIGHTED] + [("layernorm", "gemma"),
+                                                                           ("layernorm", "beta")])
+def test_weight_must_be_contiguous(name, arg):
+    args = valid_args(name)
+    args[arg] = every_other_column((64,), args[arg].dtype)
+    with raises_value_error(name, f"{arg} must be contiguous in its last dimension (stride 1); got stride 2"):
+        call(name, **args)
+
+
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_input_rows_must_fold_into_two_stride_levels(name):
+    # [2, 3, 4, 16] with three unrelated leading strides
+    x = torch.randn(20000, dtype=F16).as_strided((2, 3, 4, 16), (10000, 1000, 100, 1))
+    with raises_value_error(name, "the leading dimensions of input must fold into at most two strided levels; "
+                                  "got shape (2, 3, 4, 16)"):
+        call(name, input=x)
+
+
+# --- activations: odd last dimension -----------------------------------------------------------
+
+@pytest.mark.parametrize("name", ACTS)
+@pytest.mark.parametrize("shape", [(4, 127), (2, 3, 1), (7,)])
+def test_activation_odd_last_dimension_is_rejected(name, shape):
+    with pytest.raises(ValueError, match="^" + re.escape("The last dimension must be even (2 * hidden_size).") + "$"):
+        call(name, input=torch.randn(shape, dtype=F16))
+
+
+# --- non-tensors -------------------------------------------------------------------------------
+
+NON_TENSOR_CASES = [(n, a, v) for n in ALL for a in valid_args(n) for v in (None, [1.0, 2.0], 3.5)]
+NON_TENSOR_CASES += [(n, "out", v) for n in RMS for v in ([1.0, 2.0], 3.5)]  # out=None is valid
+
+
+@pytest.mark.parametrize("name, arg, value", NON_TENSOR_CASES)
+def test_non_tensor_argument_is_a_type_error_naming_it(name, arg, value):
+    args = valid_args(name)
+    args[arg] = value
+    with pytest.raises(TypeError, match=rf"^{arg} must be a tensor supporting DLPack .*; got {type(value).__name__}$"):
+        call(name, **args)
+
+
+# --- known gaps (strict xfail: they start failing, as a reminder, once fixed) -------------------
+
+@pytest.mark.xfail(strict=True, raises=(AttributeError, AssertionError),
+                   reason="validation gap: a non-tensor `out` for an activation raises AttributeError "
+                          "(from out.ndim) instead of a TypeError naming `out`")
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_non_tensor_out_is_a_type_error(name):
+    with pytest.raises(TypeError, match="out"):
+        call(name, out=[0.0] * 64, **valid_args(name))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="validation gap: a 0-D activation input is reported as 'The last dimension must be "
+                          "even' instead of saying the input needs at least one dimension")
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_0d_input_message_names_the_dimension_count(name):
+    with pytest.raises(ValueError, match="dimension"):
+        try:
+            call(name, input=torch.tensor(1.0, dtype=F16))
+        except ValueError as e:
+            assert "even" not in str(e), str(e)
+            raise
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="validation gap: an `out` whose rows overlap (row stride 0 or < hidden) is accepted; "
+                          "the kernel's rows then race on the same memory")
+@pytest.mark.parametrize("name", RMS + ACTS)
+def test_out_with_overlapping_rows_is_rejected(name):
+    out = torch.empty(1, 64, dtype=F16).expand(4, 64)
+    with pytest.raises(ValueError, match="out"):
+        try:
+            call(name, out=out, **valid_args(name))
+        except ValueError as e:
+            assert "CUDA" not in str(e), f"only the device check fired: {e}"
+            raise
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="validation gap: residual aliasing input (the same memory) is accepted by the fused "
+                          "add kernels, which read and write both")
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_add_residual_aliasing_input_is_rejected(name):
+    x = torch.randn(4, 64, dtype=F16)
+    with pytest.raises(ValueError, match="residual"):
+        try:
+            call(name, input=x, residual=x, weight=torch.randn(64, dtype=F16))
+        except ValueError as e:
+            assert "CUDA" not in str(e), f"only the device check fired: {e}"
+            raise
+
+
+# --- the raw binding with DLPack capsules that claim CUDA memory ------------------------------
+
+K_DL_CPU, K_DL_CUDA = 1, 2
+K_DL_FLOAT = 2
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+_CAPSULE_NAME = b"dltensor"
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+@DELETER
+def _no_op_deleter(_managed):  # the memory below is owned by the FakeCudaTensor object
+    pass
+
+
+class FakeCudaTensor:
+    """A float16 DLPack capsule describing memory at a made-up address on a CUDA device
+    (nothing ever dereferences it: the call fails before any launch). Keep this object alive
+    for as long as the capsule may be used."""
+
+    def __init__(self, shape, device_type=K_DL_CUDA, device_id=0, data=0x1000):
+        n = len(shape)
+        self.shape = (ctypes.c_int64 * n)(*shape)
+        strides, step = [], 1
+        for s in reversed(shape):
+            strides.insert(0, step)
+            step *= s
+        self.strides = (ctypes.c_int64 * n)(*strides)
+        self.managed = DLManagedTensor()
+        t = self.managed.dl_tensor
+        t.data, t.device, t.ndim = data, DLDevice(device_type, device_id), n
+        t.dtype = DLDataType(K_DL_FLOAT, 16, 1)
+        t.shape, t.strides, t.byte_offset = self.shape, self.strides, 0
+        self.managed.deleter = _no_op_deleter
+        self.capsule = _PyCapsule_New(ctypes.addressof(self.managed), _CAPSULE_NAME, None)
+
+
+def test_raw_binding_without_a_gpu_raises_a_clear_runtime_error():
+    """On a machine with no usable GPU, a call that gets past validation fails in the device
+    guard with a RuntimeError naming CUDA, not a crash."""
+    if _cuda.device_count() > 0:
+        pytest.skip("a CUDA device is present: this test is for machines without one")
+    x, w, out = FakeCudaTensor((1, 64)), FakeCudaTensor((64,)), FakeCudaTensor((1, 64))
+    with pytest.raises(RuntimeError, match=r"^rmsnorm: CUDA error .*") as info:
+        _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
+    assert re.search(r"CUDA driver version is insufficient|no CUDA-capable device|CUDA driver", str(info.value)), (
+        str(info.value))
+
+
+def test_raw_binding_names_a_non_cuda_weight():
+    """The device check covers every tensor argument, not only the input."""
+    x, w, out = FakeCudaTensor((2, 64)), FakeCudaTensor((64,), device_type=K_DL_CPU), FakeCudaTensor((2, 64))
+    with raises_value_error("rmsnorm", "weight must be a CUDA tensor; got a tensor on device type cpu"):
+        _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
+
+
+def test_raw_binding_refuses_tensors_on_different_gpus():
+    x, w, out = FakeCudaTensor((2, 64)), FakeCudaTensor((64,)), FakeCudaTensor((2, 64), device_id=1)
+    with raises_value_error("rmsnorm", "out is on cuda:1 but input is on cuda:0"):
+        _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
