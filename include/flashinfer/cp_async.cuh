@@ -23,7 +23,7 @@ FLASHINFER_DEVICE void copy16(void* smem, const void* gmem) {
 
 FLASHINFER_DEVICE void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
-// Waits until at most n of this thread's committed groups are still in flight (n <= 7).
+// Waits until at most n of this thread's committed groups are still in flight (n <= 15).
 FLASHINFER_DEVICE void wait(int n) {
   switch (n) {
     case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
@@ -33,7 +33,15 @@ FLASHINFER_DEVICE void wait(int n) {
     case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
     case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
     case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    case 7: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    case 8: asm volatile("cp.async.wait_group 8;\n" ::: "memory"); break;
+    case 9: asm volatile("cp.async.wait_group 9;\n" ::: "memory"); break;
+    case 10: asm volatile("cp.async.wait_group 10;\n" ::: "memory"); break;
+    case 11: asm volatile("cp.async.wait_group 11;\n" ::: "memory"); break;
+    case 12: asm volatile("cp.async.wait_group 12;\n" ::: "memory"); break;
+    case 13: asm volatile("cp.async.wait_group 13;\n" ::: "memory"); break;
+    case 14: asm volatile("cp.async.wait_group 14;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 15;\n" ::: "memory"); break;
   }
 }
 

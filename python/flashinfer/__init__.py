@@ -4,13 +4,40 @@ statically into the extension modules), so it imports on machines without a GPU.
 
 __version__ = "0.7.2"
 
-from . import activation, norm, utils
+from . import activation, decode, norm, utils
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .decode import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
+    single_decode_with_kv_cache,
+)
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
+from . import page, rope
+from . import cascade
+from .cascade import merge_state, merge_state_in_place, merge_states
+from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .rope import (
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+)
 
 __all__ = [
     "__version__",
     "activation",
+    "decode",
+    "single_decode_with_kv_cache",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
     "norm",
     "utils",
     "rmsnorm",
@@ -21,4 +48,23 @@ __all__ = [
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "page",
+    "rope",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "cascade",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
 ]

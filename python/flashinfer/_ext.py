@@ -36,6 +36,15 @@ class Framework:
     def empty(self, shape: Tuple[int, ...], like: Any) -> Any:
         return self.empty_like(like)
 
+    def empty_f32(self, shape: Tuple[int, ...], like: Any) -> Any:
+        """A float32 tensor of ``shape`` on ``like``'s device (LSE and partial-state buffers)."""
+        return self.empty_like(like)
+
+    def as_f32(self, x: Any) -> Any:
+        """``x`` if it is float32, else a float32 copy (``.float()``); unknown producers pass
+        through and the binding checks their dtype."""
+        return x
+
 
 class _Torch(Framework):
     name = "torch"
@@ -54,6 +63,12 @@ class _Torch(Framework):
 
     def empty(self, shape: Tuple[int, ...], like: Any) -> Any:
         return like.new_empty(shape)
+
+    def empty_f32(self, shape: Tuple[int, ...], like: Any) -> Any:
+        return self.torch.empty(shape, dtype=self.torch.float32, device=like.device)
+
+    def as_f32(self, x: Any) -> Any:
+        return x if x.dtype is self.torch.float32 else x.float()
 
 
 class _CuPy(Framework):
@@ -76,6 +91,13 @@ class _CuPy(Framework):
     def empty(self, shape: Tuple[int, ...], like: Any) -> Any:
         return self.cupy.empty(shape, dtype=like.dtype)
 
+    def empty_f32(self, shape: Tuple[int, ...], like: Any) -> Any:
+        with like.device:
+            return self.cupy.empty(shape, dtype=self.cupy.float32)
+
+    def as_f32(self, x: Any) -> Any:
+        return x if x.dtype == self.cupy.float32 else x.astype(self.cupy.float32)
+
 
 class _NumPy(Framework):
     """Host arrays: accepted so that the binding can say they must be on a CUDA device."""
@@ -89,6 +111,16 @@ class _NumPy(Framework):
         import numpy as np
 
         return np.empty(shape, dtype=like.dtype)
+
+    def empty_f32(self, shape: Tuple[int, ...], like: Any) -> Any:
+        import numpy as np
+
+        return np.empty(shape, dtype=np.float32)
+
+    def as_f32(self, x: Any) -> Any:
+        import numpy as np
+
+        return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
 _BY_TYPE: Dict[type, Framework] = {}

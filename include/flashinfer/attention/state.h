@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cmath>
-#include <limits>
 
 #include "../config.h"
 
@@ -28,7 +27,9 @@ FLASHINFER_HOST_DEVICE float log2_(float x) {
 #endif
 }
 
-FLASHINFER_HOST_DEVICE float neg_inf() { return -std::numeric_limits<float>::infinity(); }
+// INFINITY, not std::numeric_limits (a constexpr __host__ function nvcc rejects in device code
+// without --expt-relaxed-constexpr).
+FLASHINFER_HOST_DEVICE float neg_inf() { return -INFINITY; }
 
 // How to combine two states: o = wa * o_a + wb * o_b, lse = the merged lse.
 struct MergeWeights {

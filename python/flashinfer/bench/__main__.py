@@ -57,7 +57,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cases = _cases(args, parser)
     if args.dry_run:
         for c in cases:
-            print(f"{c.routine} batch_size={c.batch_size} hidden_size={c.hidden_size} dtype={c.dtype}")
+            print(" ".join(f"{k}={v}" for k, v in vars(c).items()))
         return 0
     try:
         import torch

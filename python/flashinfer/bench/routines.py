@@ -144,6 +144,18 @@ DEFAULT_SUITE: List[str] = [
 ]
 
 
+# Families register their routines with register(): their builders, default-suite lines and
+# extra flags (each family module calls it at import; see the imports at the bottom).
+EXTRA_ARGS: List[Callable[[argparse.ArgumentParser], None]] = []
+
+
+def register(routines: Dict[str, Callable], suite: List[str], add_args: Optional[Callable] = None) -> None:
+    ROUTINES.update(routines)
+    DEFAULT_SUITE.extend(suite)
+    if add_args is not None:
+        EXTRA_ARGS.append(add_args)
+
+
 def add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routine", choices=sorted(ROUTINES), help="kernel to measure")
     p.add_argument("--batch-size", "--num-tokens", dest="batch_size", type=int, default=4096,
@@ -151,3 +163,8 @@ def add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-size", type=int, default=4096,
                    help="hidden size (for *_and_mul: the output width H; input is 2H)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "bf16", "fp16"])
+    for add in EXTRA_ARGS:
+        add(p)
+
+
+from . import routines_decode  # noqa: E402,F401  (registers its routines)

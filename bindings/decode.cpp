@@ -1,0 +1,380 @@
+// _decode: the decode planner (host), the batch-decode runner (plan-time constants + run()),
+// and single-request decode. Checks, Params, launch; the math lives in attention/decode.cuh.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <optional>
+#include <vector>
+
+#include "common.h"
+#include "decode_inst.h"
+#include "dispatch_dtype.h"
+#include "flashinfer/attention/scheduler.h"
+
+namespace fb = flashinfer_bind;
+namespace nb = nanobind;
+using namespace nb::literals;
+using flashinfer::PosEncodingMode;
+using flashinfer::attention::DecodeParams;
+using fb::MutTensor;
+
+namespace {
+
+template <typename T>
+nb::ndarray<nb::numpy, T> numpy_copy(const T* data, std::initializer_list<size_t> shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  auto* v = new std::vector<T>(data, data + n);
+  nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(v->data(), shape.size(), shape.begin(), owner);
+}
+
+fb::DType parse_dtype(const std::string& s) {
+  if (s == "float16") return fb::DType::kF16;
+  if (s == "bfloat16") return fb::DType::kBF16;
+  fb::fail("decode: dtype must be float16 or bfloat16; got " + s);
+}
+
+int ctas_per_sm(fb::DType dt, int head_dim, int group, int* num_sms) {
+  int ctas = 0;
+  fb::with_dtype("decode", dt, [&](auto tag) {
+    using T = decltype(tag);
+    const cudaError_t err = flashinfer::attention::DecodeCtasPerSM<T>(head_dim, group, &ctas, num_sms);
+    if (err != cudaSuccess) fb::throw_cuda("decode plan", err);
+  });
+  return ctas;
+}
+
+void check_head_dim(const char* op, int64_t head_dim) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    fb::fail(std::string(op) + ": head_dim must be one of 64, 128, 256; got " + std::to_string(head_dim));
+}
+
+// The KV cache of run(): one tensor ([pages, 2, ...]) or a (k, v) pair, in `layout`.
+struct KVView {
+  const void* k;
+  const void* v;
+  int64_t num_pages, page_size, num_heads, head_dim;
+  int64_t k_page, k_n, k_h, v_page, v_n, v_h;
+  fb::DType dtype;
+};
+
+KVView kv_view(const fb::Checker& c, MutTensor& a, std::optional<MutTensor>& b, int layout) {
+  KVView kv{};
+  const bool hnd = layout == 1;
+  auto elem = [](const MutTensor& t, const char* name, const fb::Checker& c) {
+    c.last_contiguous(t, name);
+    return c.dtype_half(t, name);
+  };
+  if (!b) {  // single tensor: [P, 2, ps, H, D] / [P, 2, H, ps, D], or [P, 2, H, D] (page_size 1)
+    c.ndim_in(a, "paged_kv_cache", {4, 5}, "[max_num_pages, 2, page_size, num_kv_heads, head_dim] (NHD), "
+              "[max_num_pages, 2, num_kv_heads, page_size, head_dim] (HND) or [max_num_pages, 2, num_kv_heads, head_dim]");
+    c.dim_is(a, "paged_kv_cache", 1, 2, "2 (K and V)");
+    kv.dtype = elem(a, "paged_kv_cache", c);
+    kv.num_pages = a.shape(0);
+    kv.k = a.data();
+    kv.v = static_cast<const char*>(a.data()) + a.stride(1) * int64_t(a.itemsize());
+    kv.k_page = kv.v_page = a.stride(0);
+    if (a.ndim() == 5) {
+      kv.page_size = a.shape(hnd ? 3 : 2);
+      kv.num_heads = a.shape(hnd ? 2 : 3);
+      kv.k_n = kv.v_n = a.stride(hnd ? 3 : 2);
+      kv.k_h = kv.v_h = a.stride(hnd ? 2 : 3);
+    } else {
+      kv.page_size = 1;
+      kv.num_heads = a.shape(2);
+      kv.k_n = kv.v_n = 0;
+      kv.k_h = kv.v_h = a.stride(2);
+    }
+    kv.head_dim = a.shape(a.ndim() - 1);
+    return kv;
+  }
+  MutTensor& v = *b;
+  c.ndim_in(a, "paged_kv_cache[0] (k_cache)", {3, 4}, "[max_num_pages, page_size, num_kv_heads, head_dim] (NHD), "
+            "[max_num_pages, num_kv_heads, page_size, head_dim] (HND) or [max_num_pages, num_kv_heads, head_dim]");
+  c.same_shape(v, "paged_kv_cache[1] (v_cache)", a, "paged_kv_cache[0] (k_cache)");
+  kv.dtype = elem(a, "paged_kv_cache[0] (k_cache)", c);
+  if (elem(v, "paged_kv_cache[1] (v_cache)", c) != kv.dtype)
+    fb::fail(std::string(c.op) + ": k_cache and v_cache must have the same dtype; got " + fb::dtype_name(a) + " and " +
+             fb::dtype_name(v));
+  kv.k = a.data();
+  kv.v = v.data();
+  kv.num_pages = a.shape(0);
+  kv.k_page = a.stride(0);
+  kv.v_page = v.stride(0);
+  if (a.ndim() == 4) {
+    kv.page_size = a.shape(hnd ? 2 : 1);
+    kv.num_heads = a.shape(hnd ? 1 : 2);
+    kv.k_n = a.stride(hnd ? 2 : 1), kv.v_n = v.stride(hnd ? 2 : 1);
+    kv.k_h = a.stride(hnd ? 1 : 2), kv.v_h = v.stride(hnd ? 1 : 2);
+  } else {
+    kv.page_size = 1;
+    kv.num_heads = a.shape(1);
+    kv.k_n = kv.v_n = 0;
+    kv.k_h = a.stride(1), kv.v_h = v.stride(1);
+  }
+  kv.head_dim = a.shape(a.ndim() - 1);
+  return kv;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_kv_alignment(const fb::Checker& c, const KVView& kv) {
+  const bool ok = aligned16(kv.k) && aligned16(kv.v) && kv.k_page % 8 == 0 && kv.v_page % 8 == 0 && kv.k_n % 8 == 0 &&
+                  kv.v_n % 8 == 0 && kv.k_h % 8 == 0 && kv.v_h % 8 == 0;
+  if (!ok)
+    fb::fail(std::string(c.op) + ": the KV cache must be 16-byte aligned with strides that are multiples of 8 "
+             "elements (only the last dimension must be contiguous)");
+}
+
+// Plan-time constants of a BatchDecodeWithPagedKVCacheWrapper; run() adds the tensors.
+class DecodeRunner {
+ public:
+  DecodeRunner(int device, const std::string& dtype, int64_t batch_size, int num_qo_heads, int num_kv_heads,
+               int head_dim, int64_t page_size, int layout, int pos_mode, int window_left, double sm_scale,
+               double soft_cap, double rope_scale, double rope_theta, uintptr_t indptr, uintptr_t indices,
+               uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
+               uintptr_t partial_o, uintptr_t partial_lse, bool launch_merge, int64_t max_grid, int64_t max_page_index)
+      : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
+        hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
+        sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
+        rope_theta_(float(rope_theta)), indptr_(indptr), indices_(indices), last_(last_page_len), seq_lens_(seq_lens),
+        items_(items), num_items_(num_items), merge_(merge), partial_o_(partial_o), partial_lse_(partial_lse),
+        launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index) {
+    check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
+  }
+
+  void run(MutTensor q, MutTensor kv_a, std::optional<MutTensor> kv_b, MutTensor out, std::optional<MutTensor> lse,
+           double scale_mult, uintptr_t stream, bool enable_pdl) {
+    const fb::Checker c{"BatchDecodeWithPagedKVCacheWrapper.run"};
+    c.ndim_in(q, "q", {3}, "3-D [batch_size, num_qo_heads, head_dim]");
+    const fb::DType dt = c.dtype_half(q, "q");
+    if (dt != dtype_)
+      fb::fail(std::string("The dtype of q ") + fb::dtype_str(dt) + " does not match the q_data_type " +
+               fb::dtype_str(dtype_) + " specified in plan function.");
+    c.dim_is(q, "q", 0, batch_, "the planned batch size");
+    c.dim_is(q, "q", 1, hq_, "num_qo_heads");
+    c.dim_is(q, "q", 2, hd_, "head_dim");
+    c.last_contiguous(q, "q");
+    KVView kv = kv_view(c, kv_a, kv_b, layout_);
+    if (kv.dtype != dtype_)
+      fb::fail(std::string("The dtype of k ") + fb::dtype_str(kv.dtype) + " does not match the kv_data_type " +
+               fb::dtype_str(dtype_) + " specified in plan function.");
+    if (kv.num_heads != hkv_)
+      fb::fail(std::string(c.op) + ": paged_kv_cache has " + std::to_string(kv.num_heads) +
+               " KV heads; the plan says num_kv_heads = " + std::to_string(hkv_));
+    if (kv.head_dim != hd_)
+      fb::fail(std::string(c.op) + ": paged_kv_cache head_dim is " + std::to_string(kv.head_dim) +
+               "; the plan says " + std::to_string(hd_));
+    if (kv.page_size != page_size_)
+      fb::fail(std::string(c.op) + ": paged_kv_cache page_size is " + std::to_string(kv.page_size) +
+               "; the plan says page_size = " + std::to_string(page_size_));
+    if (max_page_index_ >= kv.num_pages)
+      fb::fail(std::string(c.op) + ": the planned indices reference page " + std::to_string(max_page_index_) +
+               " but paged_kv_cache has only " + std::to_string(kv.num_pages) + " pages");
+    check_kv_alignment(c, kv);
+    c.same_shape(out, "out", q, "q");
+    c.dtype_is(out, "out", dt);
+    c.last_contiguous(out, "out");
+    if (lse) {
+      c.ndim_in(*lse, "lse", {2}, "2-D [batch_size, num_qo_heads]");
+      c.dim_is(*lse, "lse", 0, batch_, "batch_size");
+      c.dim_is(*lse, "lse", 1, hq_, "num_qo_heads");
+      c.dtype_is(*lse, "lse", fb::DType::kF32);
+      if (lse->stride(1) != 1 || (batch_ > 1 && lse->stride(0) != hq_))
+        fb::fail(std::string(c.op) + ": lse must be contiguous");
+    }
+    if (!aligned16(q.data()) || q.stride(0) % 8 || q.stride(1) % 8 || !aligned16(out.data()) || out.stride(0) % 8 ||
+        out.stride(1) % 8)
+      fb::fail(std::string(c.op) + ": q and out must be 16-byte aligned with row strides that are multiples of 8");
+    const int dev = lse ? c.cuda_device({{&q, "q"}, {&kv_a, "paged_kv_cache"}, {&out, "out"}, {&*lse, "lse"}})
+                        : c.cuda_device({{&q, "q"}, {&kv_a, "paged_kv_cache"}, {&out, "out"}});
+    if (kv_b) c.cuda_device({{&q, "q"}, {&*kv_b, "paged_kv_cache[1]"}});
+    if (dev != device_)
+      fb::fail(std::string(c.op) + ": tensors are on cuda:" + std::to_string(dev) + " but the wrapper's workspace is on cuda:" +
+               std::to_string(device_));
+    fb::DeviceGuard guard(c.op, dev);
+    const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+    fb::with_dtype(c.op, dt, [&](auto tag) {
+      using T = decltype(tag);
+      DecodeParams<T> p{};
+      p.q = static_cast<const T*>(q.data());
+      p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
+      p.kv.k_data = static_cast<const T*>(kv.k);
+      p.kv.v_data = static_cast<const T*>(kv.v);
+      p.kv.indptr = reinterpret_cast<const int32_t*>(indptr_);
+      p.kv.indices = reinterpret_cast<const int32_t*>(indices_);
+      p.kv.last_page_len = reinterpret_cast<const int32_t*>(last_);
+      p.kv.batch_size = batch_, p.kv.page_size = page_size_, p.kv.num_heads = hkv_, p.kv.head_dim = hd_;
+      p.kv.stride_page = kv.k_page, p.kv.stride_n = kv.k_n, p.kv.stride_h = kv.k_h;
+      p.v_stride_page = kv.v_page, p.v_stride_n = kv.v_n, p.v_stride_h = kv.v_h;
+      p.contiguous_len = -1;
+      p.seq_lens = reinterpret_cast<const int32_t*>(seq_lens_);
+      p.o = static_cast<T*>(out.data());
+      p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
+      p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
+      p.items = reinterpret_cast<const flashinfer::attention::DecodeWorkItem*>(items_);
+      p.num_items = reinterpret_cast<const int32_t*>(num_items_);
+      p.merge = reinterpret_cast<const flashinfer::attention::DecodeMergeInfo*>(merge_);
+      p.partial_o = reinterpret_cast<float*>(partial_o_);
+      p.partial_lse = reinterpret_cast<float*>(partial_lse_);
+      p.batch_size = batch_;
+      p.num_qo_heads = hq_, p.num_kv_heads = hkv_, p.group_size = hq_ / hkv_;
+      p.sub_groups = (p.group_size + flashinfer::attention::kDecodeMaxGroup - 1) / flashinfer::attention::kDecodeMaxGroup;
+      p.head_dim = hd_;
+      p.sm_scale = sm_scale_ * float(scale_mult);
+      p.soft_cap = soft_cap_;
+      p.window_left = window_;
+      p.pos_encoding = static_cast<PosEncodingMode>(pos_);
+      p.rope_scale = rope_scale_, p.rope_theta = rope_theta_;
+      p.pdl = pdl;
+      const cudaError_t err = flashinfer::attention::Decode(p, launch_merge_, max_grid_, fb::as_stream(stream));
+      if (err != cudaSuccess) fb::throw_cuda(c.op, err);
+    });
+  }
+
+ private:
+  int device_;
+  fb::DType dtype_;
+  int64_t batch_;
+  int hq_, hkv_, hd_;
+  int64_t page_size_;
+  int layout_, pos_, window_;
+  float sm_scale_, soft_cap_, rope_scale_, rope_theta_;
+  uintptr_t indptr_, indices_, last_, seq_lens_, items_, num_items_, merge_, partial_o_, partial_lse_;
+  bool launch_merge_;
+  int64_t max_grid_, max_page_index_;
+};
+
+// Host planner: kv lengths -> (items [n, 5], merge [batch, 2], partial states, any split, chunk).
+nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> kv_lens, int num_qo_heads,
+               int num_kv_heads, int head_dim, int64_t page_size, const std::string& dtype, bool disable_split_kv,
+               int64_t fixed_split_tokens, int device) {
+  const char* op = "BatchDecodeWithPagedKVCacheWrapper.plan";
+  check_head_dim(op, head_dim);
+  if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
+    fb::fail(std::string(op) + ": num_qo_heads (" + std::to_string(num_qo_heads) +
+             ") must be a positive multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
+  fb::DeviceGuard guard(op, device);
+  flashinfer::attention::DecodePlanConfig cfg;
+  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, &cfg.num_sms);
+  cfg.num_kv_heads = num_kv_heads;
+  cfg.group_size = num_qo_heads / num_kv_heads;
+  cfg.max_group_per_cta = flashinfer::attention::kDecodeMaxGroup;
+  cfg.page_size = page_size;
+  cfg.disable_split_kv = disable_split_kv;
+  cfg.fixed_split_tokens = fixed_split_tokens;
+  std::vector<int64_t> lens(kv_lens.data(), kv_lens.data() + kv_lens.shape(0));
+  const auto pl = flashinfer::attention::plan_decode(lens, cfg);
+  const size_t n = pl.items.size();
+  std::vector<int32_t> dummy(5, 0);
+  auto items = numpy_copy(n ? reinterpret_cast<const int32_t*>(pl.items.data()) : dummy.data(), {n, 5});
+  auto merge = numpy_copy(lens.empty() ? dummy.data() : reinterpret_cast<const int32_t*>(pl.merge.data()), {lens.size(), 2});
+  return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens,
+                        int64_t{cfg.num_sms} * cfg.ctas_per_sm);
+}
+
+// Keys per chunk and chunk count for single decode of kv_len keys (the same planner).
+nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int head_dim, const std::string& dtype,
+                      int device) {
+  const char* op = "single_decode_with_kv_cache";
+  check_head_dim(op, head_dim);
+  fb::DeviceGuard guard(op, device);
+  flashinfer::attention::DecodePlanConfig cfg;
+  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, &cfg.num_sms);
+  cfg.num_kv_heads = num_kv_heads;
+  cfg.group_size = num_qo_heads / num_kv_heads;
+  const auto pl = flashinfer::attention::plan_decode({kv_len}, cfg);
+  const int64_t chunks = pl.merge[0].num_chunks;
+  const int64_t chunk = chunks > 1 ? (kv_len + chunks - 1) / chunks : (kv_len > 0 ? kv_len : 1);
+  return nb::make_tuple(chunk, chunks);
+}
+
+void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
+                   std::optional<MutTensor> partial_o, std::optional<MutTensor> partial_lse, int layout,
+                   int64_t chunk, int64_t chunks, int pos_mode, int window_left, double sm_scale, double soft_cap,
+                   double rope_scale, double rope_theta, uintptr_t stream, bool enable_pdl) {
+  const fb::Checker c{"single_decode_with_kv_cache"};
+  c.ndim_in(q, "q", {2}, "2-D [num_qo_heads, head_dim]");
+  const fb::DType dt = c.dtype_half(q, "q");
+  c.last_contiguous(q, "q");
+  c.ndim_in(k, "k", {3}, layout == 1 ? "3-D [num_kv_heads, kv_len, head_dim] (HND)" : "3-D [kv_len, num_kv_heads, head_dim] (NHD)");
+  c.same_shape(v, "v", k, "k");
+  c.dtype_is(k, "k", dt);
+  c.dtype_is(v, "v", dt);
+  c.last_contiguous(k, "k");
+  c.last_contiguous(v, "v");
+  const int64_t hq = q.shape(0), hd = q.shape(1);
+  const int hn = layout == 1 ? 0 : 1, ln = layout == 1 ? 1 : 0;
+  const int64_t hkv = k.shape(hn), kv_len = k.shape(ln);
+  check_head_dim(c.op, hd);
+  c.dim_is(k, "k", 2, hd, "q.shape[-1] (head_dim)");
+  if (hkv <= 0 || hq % hkv != 0)
+    fb::fail(std::string(c.op) + ": num_qo_heads (" + std::to_string(hq) + ") must be a multiple of num_kv_heads (" +
+             std::to_string(hkv) + ")");
+  c.same_shape(out, "out", q, "q");
+  c.dtype_is(out, "out", dt);
+  if (lse) {
+    c.ndim_in(*lse, "lse", {1}, "1-D [num_qo_heads]");
+    c.dim_is(*lse, "lse", 0, hq, "num_qo_heads");
+    c.dtype_is(*lse, "lse", fb::DType::kF32);
+  }
+  if (chunks > 1 && (!partial_o || !partial_lse)) fb::fail(std::string(c.op) + ": split decode needs partial buffers");
+  KVView kv{k.data(), v.data(), 1, std::max<int64_t>(kv_len, 1), hkv, hd, 0, k.stride(ln), k.stride(hn), 0,
+            v.stride(ln), v.stride(hn), dt};
+  check_kv_alignment(c, kv);
+  if (!aligned16(q.data()) || q.stride(0) % 8 || !aligned16(out.data()) || out.stride(0) % 8)
+    fb::fail(std::string(c.op) + ": q and out must be 16-byte aligned with row strides that are multiples of 8");
+  const int dev = c.cuda_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
+  fb::DeviceGuard guard(c.op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(c.op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    DecodeParams<T> p{};
+    p.q = static_cast<const T*>(q.data());
+    p.q_stride_n = 0, p.q_stride_h = q.stride(0);
+    p.kv.k_data = static_cast<const T*>(kv.k);
+    p.kv.v_data = static_cast<const T*>(kv.v);
+    p.kv.batch_size = 1, p.kv.page_size = kv.page_size, p.kv.num_heads = hkv, p.kv.head_dim = hd;
+    p.kv.stride_page = 0, p.kv.stride_n = kv.k_n, p.kv.stride_h = kv.k_h;
+    p.v_stride_page = 0, p.v_stride_n = kv.v_n, p.v_stride_h = kv.v_h;
+    p.contiguous_len = kv_len;
+    p.o = static_cast<T*>(out.data());
+    p.o_stride_n = 0, p.o_stride_h = out.stride(0);
+    p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
+    p.implicit_chunk = chunk, p.implicit_chunks = chunks;
+    p.partial_o = partial_o ? static_cast<float*>(partial_o->data()) : nullptr;
+    p.partial_lse = partial_lse ? static_cast<float*>(partial_lse->data()) : nullptr;
+    p.batch_size = 1;
+    p.num_qo_heads = int(hq), p.num_kv_heads = int(hkv), p.group_size = int(hq / hkv);
+    p.sub_groups = (p.group_size + flashinfer::attention::kDecodeMaxGroup - 1) / flashinfer::attention::kDecodeMaxGroup;
+    p.head_dim = int(hd);
+    p.sm_scale = float(sm_scale), p.soft_cap = float(soft_cap), p.window_left = window_left;
+    p.pos_encoding = static_cast<PosEncodingMode>(pos_mode);
+    p.rope_scale = float(rope_scale), p.rope_theta = float(rope_theta);
+    p.pdl = pdl;
+    const int64_t n_items = int64_t{hkv} * p.sub_groups * chunks;
+    const cudaError_t err = flashinfer::attention::Decode(p, chunks > 1, n_items, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(c.op, err);
+  });
+}
+
+}  // namespace
+
+NB_MODULE(_decode, m) {
+  m.doc() = "flashinfer decode attention (see flashinfer.decode)";
+  m.def("plan", &plan, "kv_lens"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
+        "disable_split_kv"_a, "fixed_split_tokens"_a, "device"_a);
+  m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
+        "device"_a);
+  m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial_o"_a.none(),
+        "partial_lse"_a.none(), "layout"_a, "chunk"_a, "chunks"_a, "pos_encoding_mode"_a, "window_left"_a,
+        "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "stream"_a, "enable_pdl"_a);
+  nb::class_<DecodeRunner>(m, "DecodeRunner")
+      .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
+                    double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                    uintptr_t, bool, int64_t, int64_t>())
+      .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
+           "stream"_a, "enable_pdl"_a);
+}

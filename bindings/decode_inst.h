@@ -1,0 +1,18 @@
+// Declarations of the decode launchers instantiated in decode_<dtype>.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "flashinfer/attention/decode.h"
+
+namespace flashinfer {
+namespace attention {
+template <typename T>
+cudaError_t Decode(const DecodeParams<T>& p, bool launch_merge, int64_t max_grid, cudaStream_t stream);
+// CTAs of the decode kernel resident per SM on the current device (for the planner).
+template <typename T>
+cudaError_t DecodeCtasPerSM(int head_dim, int group_size, int* ctas, int* num_sms);
+}  // namespace attention
+}  // namespace flashinfer

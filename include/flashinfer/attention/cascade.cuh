@@ -1,0 +1,359 @@
+// Kernels and launchers that merge attention states: two sets (MergeState, also in place with
+// a row mask) and many states per row (MergeStates). The merge math is state.h's; parameters
+// and the thread -> (row, head, vector) arithmetic are cascade.h's.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../cp_async.cuh"
+#include "../math.cuh"
+#include "../occupancy.h"
+#include "../utils.cuh"
+#include "../vec_dtypes.cuh"
+#include "cascade.h"
+#include "state.h"
+
+namespace flashinfer {
+namespace attention {
+namespace detail {
+
+// A pair of 16-bit values in one 32-bit word <-> two floats. bf16 -> f32 is a shift; f32 -> pair
+// is one cvt.rn.{bf16x2,f16x2}.f32.
+FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __nv_bfloat16*) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __half*) {
+  __half2 h;
+  memcpy(&h, &w, 4);
+  return __half22float2(h);
+}
+FLASHINFER_DEVICE uint32_t pack2(float lo, float hi, const __nv_bfloat16*) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &h, 4);
+  return w;
+}
+FLASHINFER_DEVICE uint32_t pack2(float lo, float hi, const __half*) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &h, 4);
+  return w;
+}
+
+// kE values of T in registers. kE == 8: a 16-byte vector kept as one uint4 and converted a
+// pair at a time where it is used (unpacking it into 16-bit values at load time doubles its
+// registers, and NVVM splits the store of a reassembled array); kE == 1: one element.
+template <typename T, int kE>
+struct Pack {
+  static_assert(kE == 8 && sizeof(T) == 2, "Pack holds 16-byte vectors of 16-bit values, or one element");
+  uint4 u;
+  FLASHINFER_DEVICE void load_stream(const T* p) { u = __ldcs(reinterpret_cast<const uint4*>(p)); }
+  // A plain (weak) 16-byte store in PTX: NVVM splits a C++ uint4 store of this reassembled
+  // value into four 4-byte ones, and __stwb becomes a strong store.
+  FLASHINFER_DEVICE void store(T* p) const {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w)
+                 : "memory");
+  }
+  FLASHINFER_DEVICE void to_float(float* f) const {
+    const float2 a = unpack2(u.x, tag()), b = unpack2(u.y, tag()), c = unpack2(u.z, tag()), d = unpack2(u.w, tag());
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+  }
+  FLASHINFER_DEVICE void from_float(const float* f) {
+    u = make_uint4(pack2(f[0], f[1], tag()), pack2(f[2], f[3], tag()), pack2(f[4], f[5], tag()),
+                   pack2(f[6], f[7], tag()));
+  }
+  static FLASHINFER_DEVICE const T* tag() { return nullptr; }
+};
+
+template <typename T>
+struct Pack<T, 1> {
+  T x;
+  FLASHINFER_DEVICE void load_stream(const T* p) { x = *p; }
+  FLASHINFER_DEVICE void store(T* p) const { *p = x; }
+  FLASHINFER_DEVICE void to_float(float* f) const { f[0] = flashinfer::to_float(x); }
+  FLASHINFER_DEVICE void from_float(const float* f) { x = flashinfer::from_float<T>(f[0]); }
+};
+
+// 4-byte cp.async (.ca: the only form for 4 bytes) for the LSE that rides along with the
+// 16-byte copy16 of the values.
+FLASHINFER_DEVICE void copy4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(cp_async::smem_addr(smem)), "l"(gmem) : "memory");
+}
+
+// wa * a + wb * b in fp32, rounded once.
+template <typename T, int kE>
+FLASHINFER_DEVICE Pack<T, kE> weighted_sum(float wa, const Pack<T, kE>& a, float wb, const Pack<T, kE>& b) {
+  float fa[kE], fb[kE];
+  a.to_float(fa);
+  b.to_float(fb);
+  FLASHINFER_UNROLL
+  for (int e = 0; e < kE; ++e) fa[e] = wa * fa[e] + wb * fb[e];
+  Pack<T, kE> o;
+  o.from_float(fa);
+  return o;
+}
+
+}  // namespace detail
+
+// Lanes of the calling thread's group, as a __syncwarp mask.
+FLASHINFER_DEVICE unsigned group_mask(const MergeShape& l) {
+  if (l.group == 32) return 0xffffffffu;
+  const int first = static_cast<int>(threadIdx.x & 31) & ~(l.group - 1);
+  return ((1u << l.group) - 1u) << first;
+}
+
+// One tile per group (cascade.h's MergeShape); kE elements per vector (8: 16-byte vectors, 1:
+// any alignment); every load of a thread (kVecs vectors of each input, both LSEs) is issued
+// before the first is used.
+template <typename T, int kE, int kVecs>
+__global__ void __launch_bounds__(kMergeThreads, 6) MergeStateKernel(const MergeStateParams<T> p, const MergeShape l) {
+  using V = detail::Pack<T, kE>;
+  const int g = static_cast<int>(threadIdx.x) >> l.group_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (l.group - 1);
+  const int64_t tile = int64_t{blockIdx.x} * l.groups_per_block + g;
+  pdl_wait();
+  if (tile < l.tiles) {  // uniform over a group, as is the mask: the __syncwarp below is legal
+    int64_t n, h;
+    int r;
+    merge_tile(l, tile, p.num_heads, &n, &h, &r);
+    if (!p.mask || p.mask[n * p.mask_stride] != 0) {
+      const T* va = p.v_a + (n * p.a.v_n + h * p.a.v_h);
+      const T* vb = p.v_b + (n * p.b.v_n + h * p.b.v_h);
+      V a[kVecs], b[kVecs];
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        const int j = merge_vec_index(l, lane, r, i);
+        if (j < l.head_vecs) {
+          a[i].load_stream(va + j * kE);
+          b[i].load_stream(vb + j * kE);
+        }
+      }
+      const float sa = p.s_a[n * p.a.s_n + h * p.a.s_h];
+      const float sb = p.s_b[n * p.b.s_n + h * p.b.s_h];
+      const MergeWeights w = merge_weights(sa, sb);
+      T* vo = p.v_out + (n * p.out.v_n + h * p.out.v_h);
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        const int j = merge_vec_index(l, lane, r, i);
+        if (j < l.head_vecs) detail::weighted_sum(w.wa, a[i], w.wb, b[i]).store(vo + j * kE);
+      }
+      __syncwarp(group_mask(l));  // in place: the group has read s_a before lane 0 overwrites it
+      if (l.write_s && r == 0 && lane == 0) p.s_out[n * p.out.s_n + h * p.out.s_h] = w.lse;
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// MergeStates on 16-byte vectors: the tile layout of MergeStateKernel; each thread streams
+// its kVecs vectors and the LSE of states k + 1 .. k + stages - 1 into its own shared-memory
+// slots with cp.async while it folds state k in (state.h's online softmax: a state is a "key"
+// with score s_k and value v_k). A thread reads back only slots it filled itself, so
+// cp.async.wait_group orders everything and no barrier is needed. Each state is read once.
+// Dynamic shared memory: [stages][kVecs][blockDim.x] uint4, then [stages][blockDim.x] float.
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kMergeThreads) MergeStatesPipelinedKernel(const MergeStatesParams<T> p,
+                                                                            const MergeShape l, const int stages) {
+  using V = detail::Pack<T, 8>;
+  extern __shared__ uint4 slots[];
+  const int t = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  float* lse_slots = reinterpret_cast<float*>(slots + stages * kVecs * nt);
+  const int g = t >> l.group_log2;
+  const int lane = t & (l.group - 1);
+  const int64_t tile = int64_t{blockIdx.x} * l.groups_per_block + g;
+  pdl_wait();
+  if (tile < l.tiles) {
+    int64_t n, h;
+    int r;
+    merge_tile(l, tile, p.num_heads, &n, &h, &r);
+    const T* v = p.v + (n * p.in.v_n + h * p.in.v_h);
+    const float* s = p.s + (n * p.in.s_n + h * p.in.s_h);
+    const int64_t num_states = p.num_states;
+    auto issue = [&](int64_t k, int stage) {
+      if (k < num_states) {
+        const T* vk = v + k * p.v_stride_k;
+        FLASHINFER_UNROLL
+        for (int i = 0; i < kVecs; ++i) {
+          const int j = merge_vec_index(l, lane, r, i);
+          if (j < l.head_vecs) cp_async::copy16(slots + (stage * kVecs + i) * nt + t, vk + j * 8);
+        }
+        detail::copy4(lse_slots + stage * nt + t, s + k * p.s_stride_k);
+      }
+      cp_async::commit();  // one group per state, empty past the end, so the counting holds
+    };
+    for (int stage = 0; stage + 1 < stages; ++stage) issue(stage, stage);
+    OnlineSoftmax st;
+    float acc[kVecs][8];
+    FLASHINFER_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
+    }
+    int cur = 0;
+    for (int64_t k = 0; k < num_states; ++k) {
+      issue(k + stages - 1, cur == 0 ? stages - 1 : cur - 1);  // the slot state k - 1 used
+      cp_async::wait(stages - 1);                              // state k has landed
+      float scale, pk;
+      st.update(lse_slots[cur * nt + t], &scale, &pk);
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        if (merge_vec_index(l, lane, r, i) >= l.head_vecs) continue;
+        V x;
+        x.u = slots[(cur * kVecs + i) * nt + t];
+        float f[8];
+        x.to_float(f);
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) acc[i][e] = acc[i][e] * scale + pk * f[e];
+      }
+      cur = cur + 1 == stages ? 0 : cur + 1;
+    }
+    cp_async::wait(0);
+    const float inv_d = st.inv_d();
+    T* vo = p.v_out + (n * p.out.v_n + h * p.out.v_h);
+    FLASHINFER_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      const int j = merge_vec_index(l, lane, r, i);
+      if (j >= l.head_vecs) continue;
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) acc[i][e] *= inv_d;
+      V o;
+      o.from_float(acc[i]);
+      o.store(vo + j * 8);
+    }
+    if (r == 0 && lane == 0) p.s_out[n * p.out.s_n + h * p.out.s_h] = st.lse();
+  }
+  pdl_launch_dependents();
+}
+
+// MergeStates on any alignment (kE == 1; the 16-byte path is MergeStatesPipelinedKernel):
+// as MergeStateKernel, folding a row-head's states in with state.h's online softmax (a state
+// is a "key" with score s_k and value v_k), kUnroll states' loads in flight at once; each
+// state is read once.
+template <typename T, int kE, int kVecs, int kUnroll>
+__global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeStatesParams<T> p, const MergeShape l) {
+  using V = detail::Pack<T, kE>;
+  const int g = static_cast<int>(threadIdx.x) >> l.group_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (l.group - 1);
+  const int64_t tile = int64_t{blockIdx.x} * l.groups_per_block + g;
+  pdl_wait();
+  if (tile < l.tiles) {
+    int64_t n, h;
+    int r;
+    merge_tile(l, tile, p.num_heads, &n, &h, &r);
+    const T* v = p.v + (n * p.in.v_n + h * p.in.v_h);
+    const float* s = p.s + (n * p.in.s_n + h * p.in.s_h);
+    OnlineSoftmax st;
+    float acc[kVecs][kE];
+    FLASHINFER_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < kE; ++e) acc[i][e] = 0.f;
+    }
+    for (int64_t k0 = 0; k0 < p.num_states; k0 += kUnroll) {
+      V x[kUnroll][kVecs];
+      float sk[kUnroll];
+      FLASHINFER_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        if (k0 + u < p.num_states) {
+          const T* vk = v + (k0 + u) * p.v_stride_k;
+          FLASHINFER_UNROLL
+          for (int i = 0; i < kVecs; ++i) {
+            const int j = merge_vec_index(l, lane, r, i);
+            if (j < l.head_vecs) x[u][i].load_stream(vk + j * kE);
+          }
+        }
+      }
+      FLASHINFER_UNROLL
+      for (int u = 0; u < kUnroll; ++u) sk[u] = k0 + u < p.num_states ? s[(k0 + u) * p.s_stride_k] : neg_inf();
+      FLASHINFER_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        if (k0 + u >= p.num_states) break;
+        float scale, pk;
+        st.update(sk[u], &scale, &pk);
+        FLASHINFER_UNROLL
+        for (int i = 0; i < kVecs; ++i) {
+          if (merge_vec_index(l, lane, r, i) >= l.head_vecs) continue;
+          float f[kE];
+          x[u][i].to_float(f);
+          FLASHINFER_UNROLL
+          for (int e = 0; e < kE; ++e) acc[i][e] = acc[i][e] * scale + pk * f[e];
+        }
+      }
+    }
+    const float inv_d = st.inv_d();
+    T* vo = p.v_out + (n * p.out.v_n + h * p.out.v_h);
+    FLASHINFER_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      const int j = merge_vec_index(l, lane, r, i);
+      if (j >= l.head_vecs) continue;
+      FLASHINFER_UNROLL
+      for (int e = 0; e < kE; ++e) acc[i][e] *= inv_d;
+      V o;
+      o.from_float(acc[i]);
+      o.store(vo + j * kE);
+    }
+    if (r == 0 && lane == 0) p.s_out[n * p.out.s_n + h * p.out.s_h] = st.lse();
+  }
+  pdl_launch_dependents();
+}
+
+// Launches MergeState on `stream` (current device): 16-byte vectors when head_dim and every
+// v pointer and stride allow them, single elements otherwise. A head wider than one round
+// (several tiles) merged into an LSE tensor it reads is done in two passes, values then
+// LSEs, so that no tile overwrites an LSE another tile has yet to read.
+template <typename T>
+cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  const int64_t row_heads = p.seq_len * p.num_heads;
+  if (row_heads == 0) return cudaSuccess;
+  constexpr int kE = 16 / sizeof(T);
+  const bool vec = p.head_dim % kE == 0 && vec_aligned(p.v_a, p.a.v_n, p.a.v_h, kE, sizeof(T)) &&
+                   vec_aligned(p.v_b, p.b.v_n, p.b.v_h, kE, sizeof(T)) &&
+                   vec_aligned(p.v_out, p.out.v_n, p.out.v_h, kE, sizeof(T));
+  auto run = [&](const MergeShape& l) {
+    if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
+    if (vec) return launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
+    return launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
+  };
+  MergeShape l = merge_shape(row_heads, p.head_dim, vec ? kE : 1, kMergeVecs);
+  if (l.rounds > 1 && (p.s_out == p.s_a || p.s_out == p.s_b)) {
+    l.write_s = false;
+    FLASHINFER_CUDA_TRY(run(l));
+    return run(merge_shape(row_heads, 0, 1, kMergeVecs));  // LSEs only
+  }
+  return run(l);
+}
+
+template <typename T>
+cudaError_t MergeStates(const MergeStatesParams<T>& p, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  const int64_t row_heads = p.seq_len * p.num_heads;
+  if (row_heads == 0) return cudaSuccess;
+  constexpr int kE = 16 / sizeof(T);
+  const bool vec = p.head_dim % kE == 0 && vec_aligned(p.v_out, p.out.v_n, p.out.v_h, kE, sizeof(T)) &&
+                   (p.num_states == 0 || (vec_aligned(p.v, p.in.v_n, p.in.v_h, kE, sizeof(T)) &&
+                                          p.v_stride_k % kE == 0));
+  if (vec) {
+    constexpr auto kernel = MergeStatesPipelinedKernel<T, kMergeStatesVecs>;
+    const MergeShape l = merge_shape(row_heads, p.head_dim, kE, kMergeStatesVecs);
+    if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
+    DeviceInfo dev;
+    FLASHINFER_CUDA_TRY(current_device_info(&dev));
+    // No deeper than the states need: stages - 1 <= num_states.
+    const int64_t cap = p.num_states + 1 < kMergeStatesMaxStages ? p.num_states + 1 : kMergeStatesMaxStages;
+    const StreamConfig c = stream_config(dev, l.blocks, l.threads, kernel_regs<kernel>(),
+                                         merge_states_stage_bytes(l.threads), static_cast<int>(cap < 2 ? 2 : cap));
+    if (c.stages > 0) {
+      FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem));
+      return launch(kernel, dim3(static_cast<unsigned>(l.blocks)), dim3(static_cast<unsigned>(l.threads)), c.smem,
+                    stream, p.pdl, p, l, c.stages);
+    }
+  }
+  const MergeShape l = merge_shape(row_heads, p.head_dim, 1, kMergeStatesVecs);
+  if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
+  return launch(MergeStatesKernel<T, 1, kMergeStatesVecs, kMergeStatesUnroll>, dim3(static_cast<unsigned>(l.blocks)),
+                dim3(static_cast<unsigned>(l.threads)), 0, stream, p.pdl, p, l);
+}
+
+}  // namespace attention
+}  // namespace flashinfer

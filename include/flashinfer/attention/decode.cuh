@@ -1,0 +1,363 @@
+// Decode attention kernels: a persistent CTA per work item (request, kv head, q-head
+// sub-group, key chunk) streams keys and values through a cp.async pipeline on CUDA cores,
+// keeps an online softmax per q head, and writes the final output or a partial state that
+// DecodeMergeKernel folds with state.h's merge.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../cp_async.cuh"
+#include "../dispatch.h"
+#include "../math.cuh"
+#include "../utils.cuh"
+#include "../vec_dtypes.cuh"
+#include "decode.h"
+#include "state.h"
+
+namespace flashinfer {
+namespace attention {
+namespace detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ALiBi slope of q head h of H (float32), as FlashInfer defines it.
+FLASHINFER_DEVICE float alibi_slope(int h, int num_heads) {
+  int n = 1;
+  while (n * 2 <= num_heads) n *= 2;
+  if (h < n) return exp2f(-8.f * float(h + 1) / float(n));
+  return exp2f(-4.f * float(2 * (h - n) + 1) / float(n));
+}
+
+// Rotate-half RoPE on the 8 features [8*tx, 8*tx + 8) this thread holds; the partner half
+// lives in lane tx ^ (tx_count / 2) of the same key group.
+template <int kTx>
+FLASHINFER_DEVICE void rope_rotate(float* x, const float* inv_freq, int tx, int64_t pos) {
+  float partner[8];
+  FLASHINFER_UNROLL
+  for (int e = 0; e < 8; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, x[e], kTx / 2);
+  const bool first_half = tx < kTx / 2;
+  FLASHINFER_UNROLL
+  for (int e = 0; e < 8; ++e) {
+    float s, c;
+    sincosf(float(pos) * inv_freq[e], &s, &c);
+    x[e] = first_half ? x[e] * c - partner[e] * s : x[e] * c + partner[e] * s;
+  }
+}
+
+struct Item {
+  int64_t request, unit, lo, hi, slot;
+};
+
+template <typename T>
+FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
+  if (p.items) {
+    const DecodeWorkItem w = p.items[i];
+    return {w.request, w.unit, w.kv_begin, w.kv_end, w.slot};
+  }
+  const int64_t units = int64_t{p.num_kv_heads} * p.sub_groups;
+  const int64_t chunk = i / units, len = p.kv_len(0);
+  const int64_t lo = min(len, chunk * p.implicit_chunk), hi = min(len, (chunk + 1) * p.implicit_chunk);
+  return {0, i % units, lo, hi, p.implicit_chunks > 1 ? chunk : -1};
+}
+
+}  // namespace detail
+
+// Dynamic shared memory: max(stages * kDecodeStageBytes, decode_merge_smem(kHeadDim)).
+template <typename T, int kHeadDim, int kG>
+__global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams<T> p, const int stages) {
+  constexpr int kTx = kHeadDim / 8;
+  constexpr int kTy = kDecodeThreads / kTx;
+  extern __shared__ uint4 smem[];
+  const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
+  uint4* k_slots = smem;                       // [stages][kDecodeThreads]
+  uint4* v_slots = smem + stages * kDecodeThreads;
+  const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;
+  const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
+  const bool soft_cap = p.soft_cap > 0.f;
+  // Scores are kept in log2 units: fold sm_scale * log2(e) (or sm_scale / cap) into q.
+  const float q_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
+  const float cap_log2 = p.soft_cap * detail::kLog2e;
+  float inv_freq[8];
+  if (rope) {
+    const RopeFreq f{double(p.rope_theta), double(p.rope_scale)};
+    FLASHINFER_UNROLL
+    for (int e = 0; e < 8; ++e) inv_freq[e] = rope_inv_freq(f, (tx % (kTx / 2)) * 8 + e, kHeadDim);
+  }
+
+  pdl_wait();
+  const int64_t n_items = p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const detail::Item it = detail::get_item(p, item);
+    const int64_t b = it.request;
+    const int kv_head = static_cast<int>(it.unit / p.sub_groups);
+    const int qh0 = kv_head * p.group_size + static_cast<int>(it.unit % p.sub_groups) * kDecodeMaxGroup;
+    const int ng = min(kG, p.group_size - static_cast<int>(it.unit % p.sub_groups) * kDecodeMaxGroup);
+    const int64_t kv_len = p.kv_len(b);
+    int64_t lo = it.lo;
+    const int64_t hi = it.hi;
+    if (p.window_left >= 0) lo = max(lo, kv_len - 1 - p.window_left);  // keys left of the window
+    const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kTy) : 0;
+
+    // q for this CTA's heads, 8 features per thread, RoPE'd at position kv_len - 1, scaled.
+    float q[kG][8];
+    float slope[kG];
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g) {
+      Vec<T, 8> qv;
+      if (g < ng) {
+        qv.load(p.q + b * p.q_stride_n + int64_t{qh0 + g} * p.q_stride_h + tx * 8);
+        qv.to_float(q[g]);
+      } else {
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) q[g][e] = 0.f;
+      }
+      if (rope) detail::rope_rotate<kTx>(q[g], inv_freq, tx, kv_len - 1);
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) q[g][e] *= q_scale;
+      slope[g] = alibi ? detail::alibi_slope(qh0 + g, p.num_qo_heads) * detail::kLog2e : 0.f;
+    }
+
+    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + tx * 8;
+    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * 8;
+    const bool paged = p.contiguous_len < 0;
+    const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
+    // Page id of key t (its row in the cache for contiguous sequences).
+    auto page_row = [&](int64_t t, int64_t* entry) -> int64_t {
+      if (!paged) {
+        *entry = t;
+        return 0;
+      }
+      *entry = t % p.kv.page_size;
+      return p.kv.indices[page_base + t / p.kv.page_size];
+    };
+    auto issue = [&](int64_t tile, int s) {
+      const int64_t t = lo + tile * kTy + ty;
+      if (tile < num_tiles && t < hi) {
+        int64_t entry;
+        const int64_t page = page_row(t, &entry);
+        cp_async::copy16(k_slots + s * kDecodeThreads + threadIdx.x,
+                         kbase + page * p.kv.stride_page + entry * p.kv.stride_n);
+        cp_async::copy16(v_slots + s * kDecodeThreads + threadIdx.x,
+                         vbase + page * p.v_stride_page + entry * p.v_stride_n);
+      }
+      cp_async::commit();
+    };
+
+    OnlineSoftmax st[kG];
+    float o[kG][8];
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g)
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+
+    for (int s = 0; s + 1 < stages; ++s) issue(s, s);
+    int s_cur = 0;
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1);
+      cp_async::wait(stages - 1);
+      const int64_t t = lo + tile * kTy + ty;
+      const bool valid = t < hi;
+      float kf[8], vf[8];
+      reinterpret_cast<const Vec<T, 8>*>(k_slots + s_cur * kDecodeThreads + threadIdx.x)->to_float(kf);
+      reinterpret_cast<const Vec<T, 8>*>(v_slots + s_cur * kDecodeThreads + threadIdx.x)->to_float(vf);
+      if (!valid) {
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.f;
+      }
+      if (rope) detail::rope_rotate<kTx>(kf, inv_freq, tx, t);
+      FLASHINFER_UNROLL
+      for (int g = 0; g < kG; ++g) {
+        float x = 0.f;
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) x += q[g][e] * kf[e];
+        FLASHINFER_UNROLL
+        for (int off = kTx / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+        if (soft_cap) x = cap_log2 * tanhf(x);
+        x += slope[g] * float(t);
+        if (!valid || g >= ng) x = neg_inf();
+        float scale, pw;
+        st[g].update(x, &scale, &pw);
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) o[g][e] = o[g][e] * scale + pw * vf[e];
+      }
+      s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
+    }
+    cp_async::wait(0);
+    __syncthreads();  // the stage slots become the merge scratch
+
+    // Merge the kTy row states of each q head: scratch o[ty][g][D], m[ty][g], d[ty][g].
+    float* so = reinterpret_cast<float*>(smem);
+    float* sm = so + kTy * kDecodeMaxGroup * kHeadDim;
+    float* sd = sm + kTy * kDecodeMaxGroup;
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g) {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) so[(ty * kDecodeMaxGroup + g) * kHeadDim + tx * 8 + e] = o[g][e];
+      if (tx == 0) {
+        sm[ty * kDecodeMaxGroup + g] = st[g].m;
+        sd[ty * kDecodeMaxGroup + g] = st[g].d;
+      }
+    }
+    __syncthreads();
+    for (int w = threadIdx.x; w < ng * kTx; w += kDecodeThreads) {
+      const int g = w / kTx, d0 = (w % kTx) * 8;
+      float m = neg_inf();
+      for (int r = 0; r < kTy; ++r) m = fmaxf(m, sm[r * kDecodeMaxGroup + g]);
+      float den = 0.f, acc[8] = {};
+      if (m != neg_inf()) {
+        for (int r = 0; r < kTy; ++r) {
+          const float wr = exp2f(sm[r * kDecodeMaxGroup + g] - m);  // 0 for empty rows
+          den += wr * sd[r * kDecodeMaxGroup + g];
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 8; ++e) acc[e] += wr * so[(r * kDecodeMaxGroup + g) * kHeadDim + d0 + e];
+        }
+      }
+      const float inv = den > 0.f ? 1.f / den : 0.f;
+      const float lse = den > 0.f ? m + log2f(den) : neg_inf();
+      const int h = qh0 + g;
+      if (it.slot < 0) {
+        Vec<T, 8> ov;
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) ov.v[e] = from_float<T>(acc[e] * inv);
+        ov.store(p.o + b * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
+        if (p.lse && d0 == 0) p.lse[b * p.num_qo_heads + h] = lse;
+      } else {
+        float* po = p.partial_o + (it.slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) po[e] = acc[e] * inv;
+        if (d0 == 0) p.partial_lse[it.slot * p.num_qo_heads + h] = lse;
+      }
+    }
+    __syncthreads();  // scratch is the next item's stage memory
+  }
+  pdl_launch_dependents();
+}
+
+// Folds the partial states of split requests: one group of kHeadDim / 8 threads per
+// (request, q head); requests with one chunk were written directly and are skipped.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kDecodeThreads) DecodeMergeKernel(const DecodeParams<T> p) {
+  constexpr int kTx = kHeadDim / 8;
+  constexpr int kRows = kDecodeThreads / kTx;
+  const int tx = threadIdx.x % kTx;
+  pdl_wait();
+  const int64_t rows = p.batch_size * p.num_qo_heads;
+  for (int64_t r = int64_t{blockIdx.x} * kRows + threadIdx.x / kTx; r < rows; r += int64_t{gridDim.x} * kRows) {
+    const int64_t b = r / p.num_qo_heads, h = r % p.num_qo_heads;
+    int64_t begin, n;
+    if (p.merge) {
+      begin = p.merge[b].partial_begin;
+      n = p.merge[b].num_chunks;
+    } else {
+      begin = 0;
+      n = p.implicit_chunks;
+    }
+    if (n <= 1) continue;
+    float o[8] = {}, lse = neg_inf();
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t slot = begin + c;
+      const float* po = p.partial_o + (slot * p.num_qo_heads + h) * int64_t{kHeadDim} + tx * 8;
+      float ob[8];
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) ob[e] = po[e];
+      merge_state(o, &lse, ob, p.partial_lse[slot * p.num_qo_heads + h], 8);
+    }
+    Vec<T, 8> ov;
+    ov.from_float(o);
+    ov.store(p.o + b * p.o_stride_n + h * p.o_stride_h + tx * 8);
+    if (p.lse && tx == 0) p.lse[b * p.num_qo_heads + h] = lse;
+  }
+  pdl_launch_dependents();
+}
+
+// Launch shape of the decode kernel on the current device: persistent grid size, stages and
+// shared memory. Independent of the plan (CUDA-graph replays reuse it with new plans).
+constexpr int kMaxStages = 16;  // cp_async::wait supports up to 15 groups in flight
+
+struct DecodeLaunch {
+  int64_t grid = 1;
+  int stages = 2;
+  int64_t smem = 0;
+  int64_t merge_grid = 1;
+};
+
+template <typename T, int kHeadDim, int kG>
+cudaError_t decode_launch_shape(DecodeLaunch* l) {
+  constexpr auto kernel = DecodeKernel<T, kHeadDim, kG>;
+  DeviceInfo dev;
+  FLASHINFER_CUDA_TRY(current_device_info(&dev));
+  const int64_t merge_smem = decode_merge_smem(kHeadDim);
+  StreamConfig c =
+      stream_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), kDecodeStageBytes, kMaxStages);
+  // the merge scratch aliases the stages: use the larger of the two
+  c.smem = c.smem > merge_smem ? c.smem : merge_smem;
+  const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);
+  l->stages = c.stages;
+  l->smem = c.smem;
+  l->grid = int64_t{dev.num_sms} * (bps > 0 ? bps : 1);
+  l->merge_grid = int64_t{dev.num_sms} * 4;
+  return ensure_dynamic_smem<kernel>(c.smem);
+}
+
+// Launches decode (+ the merge when `launch_merge`) for head_dim kHeadDim and a q-head
+// bucket kG >= min(group_size, 8). `grid` 0: the device's persistent grid.
+template <typename T, int kHeadDim, int kG>
+cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
+  DecodeLaunch l;
+  FLASHINFER_CUDA_TRY((decode_launch_shape<T, kHeadDim, kG>(&l)));
+  const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
+  FLASHINFER_CUDA_TRY(launch(DecodeKernel<T, kHeadDim, kG>, dim3(static_cast<unsigned>(grid)), dim3(kDecodeThreads),
+                             l.smem, stream, p.pdl, p, l.stages));
+  if (!launch_merge) return cudaSuccess;
+  return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(l.merge_grid)), dim3(kDecodeThreads), 0,
+                stream, p.pdl, p);
+}
+
+// Dispatch on head_dim and the q-head bucket. max_grid > 0 caps the decode grid (the
+// number of work items when it is known to be small); CUDA-graph users pass 0.
+template <typename T>
+cudaError_t Decode(const DecodeParams<T>& p, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  const int bucket = decode_group_bucket(p.group_size);
+  cudaError_t err = cudaErrorInvalidValue;
+  auto go = [&](auto hd) {
+    constexpr int kD = decltype(hd)::value;
+    switch (bucket) {
+      case 1: err = DecodeDispatched<T, kD, 1>(p, launch_merge, max_grid, stream); break;
+      case 2: err = DecodeDispatched<T, kD, 2>(p, launch_merge, max_grid, stream); break;
+      case 4: err = DecodeDispatched<T, kD, 4>(p, launch_merge, max_grid, stream); break;
+      default: err = DecodeDispatched<T, kD, 8>(p, launch_merge, max_grid, stream); break;
+    }
+    return Status::kSuccess;
+  };
+  if (with_int<64, 128, 256>(p.head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
+  return err;
+}
+
+// CTAs of the decode kernel resident per SM on the current device (the planner's input).
+template <typename T>
+cudaError_t DecodeCtasPerSM(int head_dim, int group_size, int* ctas, int* num_sms) {
+  DecodeLaunch l;
+  cudaError_t err = cudaErrorInvalidValue;
+  const int bucket = decode_group_bucket(group_size);
+  auto go = [&](auto hd) {
+    constexpr int kD = decltype(hd)::value;
+    switch (bucket) {
+      case 1: err = decode_launch_shape<T, kD, 1>(&l); break;
+      case 2: err = decode_launch_shape<T, kD, 2>(&l); break;
+      case 4: err = decode_launch_shape<T, kD, 4>(&l); break;
+      default: err = decode_launch_shape<T, kD, 8>(&l); break;
+    }
+    return Status::kSuccess;
+  };
+  if (with_int<64, 128, 256>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (err != cudaSuccess) return err;
+  DeviceInfo dev;
+  FLASHINFER_CUDA_TRY(current_device_info(&dev));
+  *num_sms = dev.num_sms;
+  *ctas = static_cast<int>(l.grid / dev.num_sms);
+  return cudaSuccess;
+}
+
+}  // namespace attention
+}  // namespace flashinfer

@@ -1,0 +1,86 @@
+// Decode attention (one query row per request): parameters, validation and launch
+// arithmetic. Pure C++17; kernels in decode.cuh, the work list from scheduler.h.
+#pragma once
+
+#include <cstdint>
+
+#include "../config.h"
+#include "../device_info.h"
+#include "../occupancy.h"
+#include "../page.h"
+#include "../pos_enc.h"
+#include "../status.h"
+#include "scheduler.h"
+
+namespace flashinfer {
+namespace attention {
+
+// Where a request's keys live: a paged cache (page table in `kv`), or one contiguous
+// sequence (indices == nullptr: token t at t * stride_n, length contiguous_len).
+template <typename T>
+struct DecodeParams {
+  const T* q;  // [batch, num_qo_heads, head_dim] via q_stride_n / q_stride_h
+  int64_t q_stride_n, q_stride_h;
+  PagedKV<const T, int32_t> kv;  // k_data/v_data + page table; stride_* describe K
+  int64_t v_stride_page, v_stride_n, v_stride_h;  // V may have its own strides
+  int64_t contiguous_len;    // >= 0: single contiguous sequence of this length (indices unused)
+  const int32_t* seq_lens;   // [batch] or null: overrides the page-table lengths
+  T* o;                      // [batch, num_qo_heads, head_dim] via o_stride_n / o_stride_h
+  int64_t o_stride_n, o_stride_h;
+  float* lse;                // [batch, num_qo_heads] (row stride num_qo_heads) or null
+  // Work: an explicit list (batch) or an implicit uniform split of request 0 (single decode).
+  const DecodeWorkItem* items;  // [*num_items] or null
+  const int32_t* num_items;     // device scalar (read by the persistent grid)
+  int64_t implicit_chunk;       // items == null: keys per chunk of request 0
+  int64_t implicit_chunks;      // items == null: number of chunks
+  const DecodeMergeInfo* merge;  // [batch] (explicit) or null
+  float* partial_o;    // [slots, num_qo_heads, head_dim]
+  float* partial_lse;  // [slots, num_qo_heads]
+  int64_t batch_size;
+  int num_qo_heads, num_kv_heads, group_size, sub_groups;
+  int head_dim;
+  float sm_scale;
+  float soft_cap;       // <= 0: off
+  int window_left;      // < 0: off
+  PosEncodingMode pos_encoding;
+  float rope_scale, rope_theta;
+  bool pdl;
+
+  FLASHINFER_HOST_DEVICE int64_t kv_len(int64_t b) const {
+    if (contiguous_len >= 0) return contiguous_len;
+    if (seq_lens) return seq_lens[b];
+    return kv.length(b);
+  }
+};
+
+// CTA shape of the decode kernel for head_dim D: tx = D / 8 threads own a key's 16-byte
+// vectors, ty = 128 / tx keys are processed side by side; a stage holds one key vector and
+// one value vector per thread.
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeMaxGroup = 8;  // q heads per CTA (larger groups split into sub-groups)
+constexpr int64_t kDecodeStageBytes = int64_t{kDecodeThreads} * 2 * 16;
+
+// The per-CTA q-head bucket a group size compiles to: 1, 2, 4 or 8.
+inline int decode_group_bucket(int group_size) {
+  return group_size <= 1 ? 1 : group_size <= 2 ? 2 : group_size <= 4 ? 4 : 8;
+}
+
+// Shared memory for the end-of-item merge across the ty rows (aliases the stages).
+inline int64_t decode_merge_smem(int head_dim) {
+  const int ty = kDecodeThreads / (head_dim / 8);
+  return int64_t{ty} * kDecodeMaxGroup * (head_dim + 2) * 4;
+}
+
+template <typename T>
+Status validate(const DecodeParams<T>& p) {
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return Status::kUnsupported;
+  if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
+  if (p.group_size != p.num_qo_heads / p.num_kv_heads) return Status::kInvalidArgument;
+  if (p.sub_groups * kDecodeMaxGroup < p.group_size) return Status::kInvalidArgument;
+  if (!p.items && (p.implicit_chunk <= 0 || p.implicit_chunks <= 0)) return Status::kInvalidArgument;
+  if (p.contiguous_len < 0 && (!p.kv.indptr || !p.kv.indices || !p.kv.last_page_len)) return Status::kInvalidArgument;
+  return Status::kSuccess;
+}
+
+}  // namespace attention
+}  // namespace flashinfer

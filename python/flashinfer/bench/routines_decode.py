@@ -1,0 +1,84 @@
+"""Bench routines for decode attention: ``single_decode`` and ``batch_decode`` (paged,
+pages in random order). Bytes = K and V read + q read + o written; the PyTorch reference is
+SDPA with enable_gqa=True on K/V gathered contiguous beforehand (not timed)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import flashinfer
+
+from .routines import Case, _dtype, register
+
+
+def _add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decode")
+    g.add_argument("--kv-len", type=int, default=4096)
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--num-qo-heads", type=int, default=32)
+    g.add_argument("--num-kv-heads", type=int, default=8)
+    g.add_argument("--head-dim", type=int, default=128)
+    g.add_argument("--use-tensor-cores", action="store_true")
+
+
+def _sdpa(torch, q, k, v):
+    # q [B, Hq, D] -> [B, Hq, 1, D]; k/v [B, Hkv, L, D]
+    F = torch.nn.functional
+    return lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True)
+
+
+def batch_decode(torch, args) -> Case:
+    b, L, ps = args.batch_size, args.kv_len, args.page_size
+    hq, hkv, d = args.num_qo_heads, args.num_kv_heads, args.head_dim
+    dt = _dtype(torch, args.dtype)
+    pages_per = (L + ps - 1) // ps
+    total = b * pages_per
+    k = torch.randn(total, ps, hkv, d, dtype=dt, device="cuda")
+    v = torch.randn_like(k)
+    indices = torch.randperm(total, device="cuda").int()
+    indptr = torch.arange(b + 1, dtype=torch.int32) * pages_per
+    last = torch.full((b,), L - (pages_per - 1) * ps, dtype=torch.int32)
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=args.use_tensor_cores)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt)
+    q = torch.randn(b, hq, d, dtype=dt, device="cuda")
+    o = torch.empty_like(q)
+    # reference inputs: the same keys gathered contiguous [B, Hkv, L, D]
+    idx = indices.long().view(b, pages_per)
+    kc = k[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
+    vc = v[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
+    e = q.element_size()
+    nbytes = 2 * b * L * hkv * d * e + 2 * b * hq * d * e
+    tc = " tc" if args.use_tensor_cores else ""
+    return Case("batch_decode" + tc, f"{b}x{L} {hq}/{hkv}x{d} ps{ps}", args.dtype, lambda: w.run(q, (k, v)),
+                lambda: w.run(q, (k, v), out=o), _sdpa(torch, q, kc, vc), "SDPA enable_gqa (contiguous KV)",
+                bytes=nbytes)
+
+
+def single_decode(torch, args) -> Case:
+    L, hq, hkv, d = args.kv_len, args.num_qo_heads, args.num_kv_heads, args.head_dim
+    dt = _dtype(torch, args.dtype)
+    q = torch.randn(hq, d, dtype=dt, device="cuda")
+    k = torch.randn(L, hkv, d, dtype=dt, device="cuda")
+    v = torch.randn_like(k)
+    kc, vc = k.transpose(0, 1).unsqueeze(0).contiguous(), v.transpose(0, 1).unsqueeze(0).contiguous()
+    e = q.element_size()
+    return Case("single_decode", f"{L} {hq}/{hkv}x{d}", args.dtype,
+                lambda: flashinfer.single_decode_with_kv_cache(q, k, v), None, _sdpa(torch, q.unsqueeze(0), kc, vc),
+                "SDPA enable_gqa", bytes=2 * L * hkv * d * e + 2 * hq * d * e)
+
+
+register(
+    {"batch_decode": batch_decode, "single_decode": single_decode},
+    [
+        "--routine batch_decode --batch-size 1 --kv-len 32768",
+        "--routine batch_decode --batch-size 16 --kv-len 4096",
+        "--routine batch_decode --batch-size 64 --kv-len 2048",
+        "--routine batch_decode --batch-size 256 --kv-len 1024",
+        "--routine batch_decode --batch-size 128 --kv-len 8192",
+        "--routine batch_decode --batch-size 1 --kv-len 4096",
+        "--routine single_decode --kv-len 32768",
+    ],
+    _add_args,
+)

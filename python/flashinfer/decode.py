@@ -1,0 +1,515 @@
+"""Decode attention (FlashInfer-compatible ``flashinfer.decode``): one query token per
+request against a contiguous or paged KV cache, with GQA, RoPE/ALiBi, soft cap, sliding
+window, LSE output and split-KV planned on the host.
+
+What is checked: every argument's dtype, shape, layout and device at call time; the page
+table (indptr, indices, last_page_len, seq_lens) on the host in ``plan`` (indptr starts at
+0, is nondecreasing and ends at len(indices); 1 <= last_page_len <= page_size for non-empty
+requests; indices >= 0, and at ``run`` the largest planned page index is compared with the
+cache's page count). The kernels read only the planned page table, so nothing is read out
+of bounds for a page table that passed ``plan``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _decode
+from ._ext import framework_of, to_dlpack
+
+__all__ = [
+    "single_decode_with_kv_cache",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
+]
+
+_LAYOUTS = {"NHD": 0, "HND": 1}
+_POS_MODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
+_INT_WORKSPACE_BYTES = 8 << 20
+_SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+def _layout_code(kv_layout: str) -> int:
+    return _LAYOUTS[kv_layout]  # KeyError for anything else, as FlashInfer
+
+
+def _pos_code(mode: Union[str, int]) -> int:
+    if isinstance(mode, int):
+        if mode not in (0, 1, 2):
+            raise KeyError(mode)
+        return mode
+    name = getattr(mode, "name", mode)  # accept flashinfer.utils.PosEncodingMode members
+    return _POS_MODES[name]
+
+
+def _dtype_name(dt: Any, arg: str) -> Optional[str]:
+    """torch.dtype, numpy dtype or string -> 'float16' / 'bfloat16' (None stays None)."""
+    if dt is None:
+        return None
+    name = dt if isinstance(dt, str) else str(dt).replace("torch.", "")
+    name = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}.get(name, name)
+    if name in ("float8_e4m3fn", "float8_e5m2"):
+        raise NotImplementedError(f"{arg}={name}: FP8 KV caches are not supported by this build")
+    if name not in ("float16", "bfloat16"):
+        raise ValueError(f"{arg} must be float16 or bfloat16; got {dt}")
+    return name
+
+
+def _host_ints(x: Any, name: str) -> np.ndarray:
+    """A 1-D int64 numpy copy of a torch/CuPy/numpy/list index array (may sync the device)."""
+    if hasattr(x, "detach"):  # torch
+        x = x.detach().cpu().numpy()
+    elif hasattr(x, "get") and not isinstance(x, (list, tuple, np.ndarray)):  # cupy
+        x = x.get()
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D; got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name} must be an integer tensor (int32); got {a.dtype}")
+    return a.astype(np.int64, copy=False)
+
+
+def _check_page_table(indptr: np.ndarray, indices: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
+    """Validates the CSR page table; returns each request's KV length."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1; got {page_size}")
+    if indptr.size < 1:
+        raise ValueError("indptr must have batch_size + 1 >= 1 entries; got 0")
+    batch = indptr.size - 1
+    if indptr[0] != 0:
+        raise ValueError(f"indptr[0] must be 0; got {indptr[0]}")
+    if np.any(np.diff(indptr) < 0):
+        i = int(np.argmax(np.diff(indptr) < 0))
+        raise ValueError(f"indptr must be nondecreasing; indptr[{i}]={indptr[i]} > indptr[{i + 1}]={indptr[i + 1]}")
+    if indptr[-1] != indices.size:
+        raise ValueError(f"indptr[-1] ({indptr[-1]}) must equal len(indices) ({indices.size})")
+    if last_page_len.size != batch:
+        raise ValueError(f"last_page_len must have batch_size ({batch}) entries; got {last_page_len.size}")
+    if indices.size and indices.min() < 0:
+        raise ValueError(f"indices must be >= 0; got {indices.min()}")
+    pages = np.diff(indptr)
+    nonempty = pages > 0
+    bad = nonempty & ((last_page_len < 1) | (last_page_len > page_size))
+    if np.any(bad):
+        b = int(np.argmax(bad))
+        raise ValueError(f"last_page_len[{b}] must be in [1, page_size={page_size}] for a non-empty request; "
+                         f"got {last_page_len[b]}")
+    bad = ~nonempty & ((last_page_len < 0) | (last_page_len > page_size))
+    if np.any(bad):
+        b = int(np.argmax(bad))
+        raise ValueError(f"last_page_len[{b}] of an empty request must be in [0, page_size]; got {last_page_len[b]}")
+    return np.where(nonempty, (pages - 1) * page_size + last_page_len, 0)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Batch decode over a paged KV cache: ``plan`` once per batch shape (host work, page
+    table to the GPU), then ``run`` per layer (launches only; CUDA-graph capturable)."""
+
+    _DEPRECATED_POSITIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
+                              "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                              "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
+
+    def __init__(self, float_workspace_buffer, kv_layout: str = "NHD", use_cuda_graph: bool = False,
+                 use_tensor_cores: bool = False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
+                 paged_kv_last_page_len_buffer=None, backend: str = "auto", jit_args=None) -> None:
+        torch = _torch()
+        _layout_code(kv_layout)
+        if jit_args is not None:
+            raise NotImplementedError("jit_args (custom attention variants) are not supported")
+        if backend not in ("auto", "fa2", "fa3"):
+            raise NotImplementedError(f"backend {backend!r} is not available; use 'auto', 'fa2' or 'fa3'")
+        self._kv_layout = kv_layout
+        self._use_tensor_cores = bool(use_tensor_cores)
+        self._backend = backend
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self.reset_workspace_buffer(float_workspace_buffer, None)
+        if use_cuda_graph:
+            for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                              ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                              ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+                if not isinstance(buf, torch.Tensor) or not buf.is_cuda or buf.dtype != torch.int32:
+                    raise ValueError(f"use_cuda_graph=True requires {name} as a CUDA int32 tensor")
+            self._fixed_batch_size = len(paged_kv_last_page_len_buffer)
+            if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:
+                raise ValueError(f"len(paged_kv_indptr_buffer) ({len(paged_kv_indptr_buffer)}) must be "
+                                 f"len(paged_kv_last_page_len_buffer) + 1 ({self._fixed_batch_size + 1})")
+        else:
+            self._fixed_batch_size = 0
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self._qo_indptr_buf = None
+        self._runner = None
+        self._copy_done = None
+        self._window_left = -1
+
+    # -- properties FlashInfer exposes ------------------------------------------------------------
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    @property
+    def resolved_backend(self) -> str:
+        return "fa2"
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer) -> None:
+        torch = _torch()
+        if not isinstance(float_workspace_buffer, torch.Tensor) or not float_workspace_buffer.is_cuda:
+            raise ValueError("float_workspace_buffer must be a CUDA tensor")
+        if float_workspace_buffer.data_ptr() % 16 != 0:
+            raise ValueError("float_workspace_buffer must be 16-byte aligned")
+        self._float_workspace_buffer = float_workspace_buffer
+        self.device = float_workspace_buffer.device
+        if int_workspace_buffer is None:
+            int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self._int_workspace_buffer = int_workspace_buffer
+        self._pin_memory_int_workspace_buffer = torch.empty(int_workspace_buffer.numel() * int_workspace_buffer.element_size(),
+                                                            dtype=torch.uint8, pin_memory=True)
+        self._runner = None
+
+    def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
+        """K and V with independent strides need no separate kernel here: a no-op."""
+
+    # -- plan ---------------------------------------------------------------------------------------
+    def plan(self, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             page_size: int, *args, pos_encoding_mode: str = "NONE", window_left: int = -1, window_right: int = 0,
+             logits_soft_cap: Optional[float] = None, q_data_type: Any = "float16", kv_data_type: Any = None,
+             o_data_type: Any = None, data_type: Any = None, sm_scale: Optional[float] = None,
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, non_blocking: bool = True,
+             block_tables=None, seq_lens=None, fixed_split_size: Optional[int] = None,
+             disable_split_kv: bool = False, q_len_per_req: int = 1, is_causal: Optional[bool] = None) -> None:
+        torch = _torch()
+        if args:
+            warnings.warn("passing plan() options after page_size positionally is deprecated; use keywords",
+                          DeprecationWarning, stacklevel=2)
+            if len(args) > len(self._DEPRECATED_POSITIONAL):
+                raise TypeError(f"plan() takes at most {7 + len(self._DEPRECATED_POSITIONAL)} positional arguments")
+            opts = dict(zip(self._DEPRECATED_POSITIONAL, args))
+            pos_encoding_mode = opts.get("pos_encoding_mode", pos_encoding_mode)
+            window_left = opts.get("window_left", window_left)
+            logits_soft_cap = opts.get("logits_soft_cap", logits_soft_cap)
+            q_data_type = opts.get("q_data_type", q_data_type)
+            kv_data_type = opts.get("kv_data_type", kv_data_type)
+            o_data_type = opts.get("o_data_type", o_data_type)
+            data_type = opts.get("data_type", data_type)
+            sm_scale = opts.get("sm_scale", sm_scale)
+            rope_scale = opts.get("rope_scale", rope_scale)
+            rope_theta = opts.get("rope_theta", rope_theta)
+            non_blocking = opts.get("non_blocking", non_blocking)
+            block_tables = opts.get("block_tables", block_tables)
+            seq_lens = opts.get("seq_lens", seq_lens)
+            fixed_split_size = opts.get("fixed_split_size", fixed_split_size)
+            disable_split_kv = opts.get("disable_split_kv", disable_split_kv)
+            q_len_per_req = opts.get("q_len_per_req", q_len_per_req)
+        if window_right != 0:
+            raise NotImplementedError("window_right != 0 is not supported in decode")
+        if is_causal is not None and bool(is_causal) != (q_len_per_req > 1):
+            raise NotImplementedError("is_causal must equal (q_len_per_req > 1)")
+        if q_len_per_req != 1:
+            if not self._use_tensor_cores:
+                raise ValueError("q_len_per_req > 1 requires use_tensor_cores=True")
+            raise NotImplementedError("q_len_per_req > 1 (multi-token decode) is not supported yet")
+        if fixed_split_size is not None and not self._use_tensor_cores:
+            raise ValueError("fixed_split_size requires use_tensor_cores=True")
+        pos_code = _pos_code(pos_encoding_mode)
+        if head_dim not in _SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {_SUPPORTED_HEAD_DIMS}; got {head_dim}")
+        if num_kv_heads <= 0 or num_qo_heads <= 0 or num_qo_heads % num_kv_heads != 0:
+            raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        # dtype resolution, exactly as FlashInfer
+        if data_type is not None:
+            if q_data_type is None:
+                q_data_type = data_type
+            if kv_data_type is None:
+                kv_data_type = data_type
+        q_name = _dtype_name(q_data_type if q_data_type is not None else "float16", "q_data_type")
+        kv_name = _dtype_name(kv_data_type, "kv_data_type") or q_name
+        o_name = _dtype_name(o_data_type, "o_data_type") or q_name
+        if kv_name != q_name or o_name != q_name:
+            raise NotImplementedError(f"q, kv and o dtypes must match (got q={q_name}, kv={kv_name}, o={o_name})")
+        window_left = -1 if window_left is None else int(window_left)
+        soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+        if soft_cap < 0:
+            raise ValueError(f"logits_soft_cap must be >= 0; got {logits_soft_cap}")
+        sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+        rope_scale = 1.0 if rope_scale is None else float(rope_scale)
+        rope_theta = 1e4 if rope_theta is None else float(rope_theta)
+
+        indptr_h = _host_ints(indptr, "indptr")
+        indices_h = _host_ints(indices, "indices")
+        last_h = _host_ints(last_page_len, "last_page_len")
+        kv_lens = _check_page_table(indptr_h, indices_h, last_h, int(page_size))
+        batch = indptr_h.size - 1
+        seq_h = None
+        if seq_lens is not None:
+            seq_h = _host_ints(seq_lens, "seq_lens")
+            if seq_h.size != batch:
+                raise ValueError(f"seq_lens must have batch_size ({batch}) entries; got {seq_h.size}")
+            cap = np.diff(indptr_h) * int(page_size)
+            if np.any(seq_h < 0) or np.any(seq_h > cap):
+                b = int(np.argmax((seq_h < 0) | (seq_h > cap)))
+                raise ValueError(f"seq_lens[{b}] = {seq_h[b]} must be in [0, pages * page_size = {cap[b]}]")
+            kv_lens = seq_h
+        if self._use_cuda_graph:
+            if batch != self._fixed_batch_size:
+                raise ValueError(f"batch size {batch} must equal the CUDA-graph batch size {self._fixed_batch_size}")
+            if indices_h.size > len(self._paged_kv_indices_buf):
+                raise ValueError(f"len(indices) ({indices_h.size}) exceeds paged_kv_indices_buffer "
+                                 f"({len(self._paged_kv_indices_buf)})")
+
+        items, merge, n_partial, any_split, _chunk, grid = _decode.plan(
+            np.ascontiguousarray(kv_lens, dtype=np.int64), num_qo_heads, num_kv_heads, head_dim, int(page_size),
+            q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self.device.index or 0)
+        need_f = n_partial * num_qo_heads * (head_dim + 1) * 4
+        have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
+        if need_f > have_f:
+            raise ValueError(f"float_workspace_buffer is too small: this plan needs {need_f} bytes; got {have_f}")
+
+        # int workspace, 16-byte aligned regions whose offsets depend only on the batch size
+        # (CUDA-graph replays keep the pointers captured at the first run):
+        #   [num_items | merge [B,2] | kv_lens [B] | (page table, without CUDA graphs) | items [n,5]]
+        parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
+                 kv_lens.astype(np.int32)]
+        if not self._use_cuda_graph:
+            parts += [indptr_h.astype(np.int32), indices_h.astype(np.int32), last_h.astype(np.int32)]
+        parts.append(items.reshape(-1))
+        offsets, pos = [], 0
+        for p in parts:
+            offsets.append(pos)
+            pos += (p.nbytes + 15) // 16 * 16
+        if pos > self._int_workspace_buffer.numel():
+            if self._use_cuda_graph:
+                raise ValueError(f"int workspace too small for this plan under CUDA graphs ({pos} bytes)")
+            self.reset_workspace_buffer(self._float_workspace_buffer,
+                                        torch.empty(pos * 2, dtype=torch.uint8, device=self.device))
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the pinned staging buffer is free again
+        host = self._pin_memory_int_workspace_buffer.numpy()
+        for off, p in zip(offsets, parts):
+            host[off:off + p.nbytes] = p.view(np.uint8)
+        with torch.cuda.device(self.device):
+            self._int_workspace_buffer[:pos].copy_(self._pin_memory_int_workspace_buffer[:pos], non_blocking=non_blocking)
+            if self._use_cuda_graph:
+                self._paged_kv_indptr_buf.copy_(torch.from_numpy(indptr_h.astype(np.int32)), non_blocking=True)
+                self._paged_kv_indices_buf[:indices_h.size].copy_(torch.from_numpy(indices_h.astype(np.int32)),
+                                                                  non_blocking=True)
+                self._paged_kv_last_page_len_buf.copy_(torch.from_numpy(last_h.astype(np.int32)), non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
+
+        base = self._int_workspace_buffer.data_ptr()
+        if self._use_cuda_graph:
+            ptr_indptr = self._paged_kv_indptr_buf.data_ptr()
+            ptr_indices = self._paged_kv_indices_buf.data_ptr()
+            ptr_last = self._paged_kv_last_page_len_buf.data_ptr()
+        else:
+            ptr_indptr, ptr_indices, ptr_last = base + offsets[3], base + offsets[4], base + offsets[5]
+        # float workspace: partial o in the first half, partial lse in the second (fixed offsets)
+        fws = self._float_workspace_buffer.data_ptr()
+        half = (have_f // 2) // 16 * 16
+        if n_partial * num_qo_heads * head_dim * 4 > half:
+            raise ValueError(f"float_workspace_buffer is too small: this plan needs {2 * need_f} bytes; got {have_f}")
+        max_page = int(indices_h.max()) if indices_h.size else -1
+        # Under CUDA graphs the launch shape must not depend on the plan: always the full
+        # persistent grid and the merge kernel (it skips requests that were not split).
+        max_grid = 0 if self._use_cuda_graph else min(int(items.shape[0]), int(grid))
+        self._runner = _decode.DecodeRunner(
+            self.device.index or 0, q_name, batch, num_qo_heads, num_kv_heads, head_dim, int(page_size),
+            _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
+            ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
+            base + offsets[1], fws, fws + half, bool(any_split or self._use_cuda_graph), max_grid, max_page)
+        self._batch_size = batch
+        self._num_qo_heads = num_qo_heads
+        self._head_dim = head_dim
+        self._window_left = window_left
+        self._pos_encoding_mode = pos_encoding_mode
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+        self._cached_q_data_type = getattr(torch, q_name)
+        self._cached_kv_data_type = getattr(torch, kv_name)
+        self._cached_o_data_type = getattr(torch, o_name)
+        self._page_size = int(page_size)
+        self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+        self._to_dlpack = torch._C._to_dlpack
+        self._raw_stream = torch._C._cuda_getCurrentRawStream
+        self._dev_index = self.device.index or 0
+
+    begin_forward = plan
+
+    # -- run ----------------------------------------------------------------------------------------
+    def run(self, q, paged_kv_cache, *args, q_scale: Optional[float] = None, k_scale: Optional[float] = None,
+            v_scale: Optional[float] = None, out=None, lse=None, return_lse: bool = False,
+            enable_pdl: Optional[bool] = None, window_left: Optional[int] = None, sinks=None,
+            q_len_per_req: Optional[int] = None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
+        runner = self._runner
+        if runner is None:
+            raise RuntimeError("BatchDecodeWithPagedKVCacheWrapper.run: call plan() first")
+        if window_left is not None:
+            assert window_left == self._window_left, (
+                f"window_left ({window_left}) must equal the planned window_left ({self._window_left})")
+        if sinks is not None or skip_softmax_threshold_scale_factor is not None or kv_cache_sf is not None:
+            raise NotImplementedError("sinks / skip_softmax_threshold_scale_factor / kv_cache_sf are not supported")
+        if q_len_per_req is not None:
+            warnings.warn("run(q_len_per_req=...) is deprecated", DeprecationWarning, stacklevel=2)
+            if q_len_per_req != 1:
+                raise ValueError(f"q_len_per_req must be 1 for this plan; got {q_len_per_req}")
+        dl = self._to_dlpack
+        if type(paged_kv_cache) is tuple or isinstance(paged_kv_cache, (tuple, list)):
+            if len(paged_kv_cache) != 2:
+                raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
+            kv_a, kv_b = dl(paged_kv_cache[0]), dl(paged_kv_cache[1])
+        elif hasattr(paged_kv_cache, "data_ptr"):
+            kv_a, kv_b = dl(paged_kv_cache), None
+        else:
+            raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
+        if out is None:
+            out = q.new_empty(q.shape)
+        elif out.shape != q.shape or out.dtype != self._cached_o_data_type or out.device != q.device:
+            raise ValueError(f"Invalid shape of out: expected {tuple(q.shape)} {self._cached_o_data_type} on "
+                             f"{q.device}; got {tuple(out.shape)} {out.dtype} on {out.device}")
+        if return_lse and lse is None:
+            lse = q.new_empty((q.shape[0], q.shape[1]), dtype=_torch().float32)
+        scale = 1.0
+        if q_scale is not None:
+            scale *= q_scale
+        if k_scale is not None:
+            scale *= k_scale
+        runner.run(dl(q), kv_a, kv_b, dl(out), None if lse is None else dl(lse), scale,
+                   self._raw_stream(self._dev_index), enable_pdl is not False)
+        if v_scale is not None and v_scale != 1:
+            out.mul_(v_scale)
+        return (out, lse) if return_lse else out
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale=None, k_scale=None, v_scale=None,
+                window_left: int = -1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
+        """Deprecated: re-plan with these options, then run."""
+        self._replan(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+
+    def forward_return_lse(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale=None, k_scale=None,
+                           v_scale=None, window_left: int = -1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
+                           rope_theta=None):
+        self._replan(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+
+    def _replan(self, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta):
+        if self._runner is None:
+            raise RuntimeError("call plan() (begin_forward) first")
+        self.plan(*self._plan_args, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                  logits_soft_cap=logits_soft_cap, q_data_type=self._cached_q_data_type, sm_scale=sm_scale,
+                  rope_scale=rope_scale, rope_theta=rope_theta)
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """``BatchDecodeWithPagedKVCacheWrapper(use_cuda_graph=True)`` with the buffers positional."""
+
+    def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, kv_layout: str = "NHD",
+                 use_tensor_cores: bool = False) -> None:
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer)
+
+
+def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                     pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type=None,
+                     kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
+                     non_blocking=True, fixed_split_size=None, disable_split_kv=False, q_len_per_req=1,
+                     global_override_indptr_cpu=None) -> None:
+    """Module-level plan that engines bind as ``wrapper.plan``; same semantics as ``plan``."""
+    if q_data_type is None:
+        q_data_type = data_type if data_type is not None else "float16"
+    if global_override_indptr_cpu is not None:
+        indptr = global_override_indptr_cpu
+    BatchDecodeWithPagedKVCacheWrapper.plan(
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+        pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
+        q_data_type=q_data_type, kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+        rope_theta=rope_theta, non_blocking=non_blocking, fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
+
+
+_SINGLE_PLAN_CACHE: dict = {}
+
+
+def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
+                                use_tensor_cores: bool = False, q_scale: Optional[float] = None,
+                                k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                                window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                                rope_theta: Optional[float] = None, return_lse: bool = False):
+    """Attention of one query token (``q [num_qo_heads, head_dim]``) over a contiguous KV
+    (``k``, ``v``: ``[kv_len, num_kv_heads, head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]``
+    HND). Returns ``o [num_qo_heads, head_dim]`` (and base-2 ``lse [num_qo_heads]`` float32)."""
+    layout = _layout_code(kv_layout)
+    pos = _pos_code(pos_encoding_mode)
+    fw = framework_of(q, "q")
+    if len(q.shape) != 2:
+        raise ValueError(f"single_decode_with_kv_cache: q must be 2-D [num_qo_heads, head_dim]; got shape {tuple(q.shape)}")
+    if len(k.shape) != 3:
+        raise ValueError(f"single_decode_with_kv_cache: k must be 3-D; got shape {tuple(k.shape)}")
+    num_qo_heads, head_dim = q.shape
+    num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if layout == 1 else (k.shape[1], k.shape[0])
+    if head_dim not in _SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"single_decode_with_kv_cache: head_dim must be one of {_SUPPORTED_HEAD_DIMS}; got {head_dim}")
+    if num_kv_heads == 0 or num_qo_heads % num_kv_heads != 0:
+        raise ValueError(f"single_decode_with_kv_cache: num_qo_heads ({num_qo_heads}) must be a multiple of "
+                         f"num_kv_heads ({num_kv_heads})")
+    dtype = str(q.dtype).replace("torch.", "")
+    dev = q.device.index if hasattr(q.device, "index") else q.device.id
+    if dev is None or dev < 0:
+        dev = 0
+    key = (kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev)
+    chunking = _SINGLE_PLAN_CACHE.get(key)
+    if chunking is None:
+        if dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"single_decode_with_kv_cache: q.dtype must be float16 or bfloat16; got {dtype}")
+        chunking = _SINGLE_PLAN_CACHE[key] = _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev)
+    chunk, chunks = chunking
+    out = fw.empty_like(q)
+    lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
+    partial_o = partial_lse = None
+    if chunks > 1:
+        partial_o = fw.empty_f32((chunks * num_qo_heads * head_dim,), q)
+        partial_lse = fw.empty_f32((chunks * num_qo_heads,), q)
+    scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale))
+    scale *= (q_scale if q_scale is not None else 1.0) * (k_scale if k_scale is not None else 1.0)
+    dl = fw.to_dlpack
+    _decode.single_decode(dl(q), to_dlpack(k, "k"), to_dlpack(v, "v"), dl(out), None if lse is None else dl(lse),
+                          None if partial_o is None else dl(partial_o), None if partial_lse is None else dl(partial_lse),
+                          layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
+                          float(logits_soft_cap) if logits_soft_cap else 0.0,
+                          1.0 if rope_scale is None else float(rope_scale),
+                          1e4 if rope_theta is None else float(rope_theta), fw.stream(q), True)
+    if v_scale is not None and v_scale != 1:
+        out = out * v_scale
+    return (out, lse) if return_lse else out
+
+
+def _get_range_buf(seq_len: int, device) -> Any:
+    """vLLM imports this helper: arange(seq_len) as int32 on ``device``."""
+    torch = _torch()
+    return torch.arange(seq_len, dtype=torch.int32, device=device)
+
+
+def trtllm_batch_decode_with_kv_cache(*args, **kwargs):
+    raise NotImplementedError("trtllm_batch_decode_with_kv_cache (TensorRT-LLM kernels) is not available")

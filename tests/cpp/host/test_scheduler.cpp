@@ -1,0 +1,101 @@
+// plan_decode(): every (request, q-head unit, key) is covered exactly once, chunks respect the
+// split length, partial slots are disjoint, and fixed/disabled splits are batch-invariant.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "flashinfer/attention/scheduler.h"
+
+using namespace flashinfer::attention;
+
+static void check_plan(const std::vector<int64_t>& lens, const DecodePlanConfig& cfg) {
+  const DecodePlan p = plan_decode(lens, cfg);
+  const int64_t units = int64_t{cfg.num_kv_heads} * p.sub_groups;
+  CHECK(p.sub_groups * cfg.max_group_per_cta >= cfg.group_size);
+  CHECK((p.sub_groups - 1) * cfg.max_group_per_cta < cfg.group_size);
+  // per (request, unit): its key ranges, which must tile [0, len) exactly; empty requests
+  // still get one (empty) item per unit
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  std::vector<int> slot_uses(p.num_partial_states, 0);
+  for (const DecodeWorkItem& it : p.items) {
+    CHECK(it.request >= 0 && it.request < int64_t(lens.size()));
+    CHECK(it.unit >= 0 && it.unit < units);
+    CHECK(0 <= it.kv_begin && it.kv_begin <= it.kv_end && it.kv_end <= lens[it.request]);
+    if (p.chunk_tokens > 0) CHECK(it.kv_end - it.kv_begin <= p.chunk_tokens);
+    ranges[{it.request, it.unit}].push_back({it.kv_begin, it.kv_end});
+    const DecodeMergeInfo& m = p.merge[it.request];
+    if (m.num_chunks > 1) {
+      CHECK(it.slot >= m.partial_begin && it.slot < m.partial_begin + m.num_chunks);
+      if (it.unit == 0) slot_uses[it.slot]++;
+    } else {
+      CHECK(it.slot == -1);
+    }
+  }
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int64_t u = 0; u < units; ++u) {
+      auto r = ranges[{int64_t(b), u}];
+      CHECK(int64_t(r.size()) == p.merge[b].num_chunks);
+      std::sort(r.begin(), r.end());
+      int64_t pos = 0;
+      for (const auto& [lo, hi] : r) {
+        CHECK(lo == pos);  // no gap, no overlap
+        pos = hi;
+      }
+      CHECK(pos == lens[b]);
+    }
+  }
+  for (int uses : slot_uses) CHECK(uses == 1);  // each slot is one chunk of one request
+  for (size_t i = 1; i < p.items.size(); ++i)
+    CHECK(p.items[i - 1].kv_end - p.items[i - 1].kv_begin >= p.items[i].kv_end - p.items[i].kv_begin);
+}
+
+int main() {
+  std::mt19937 rng(5);
+  DecodePlanConfig cfg;
+  for (int group : {1, 4, 8, 12, 32}) {
+    for (int heads : {1, 8}) {
+      cfg.group_size = group;
+      cfg.num_kv_heads = heads;
+      check_plan({32768}, cfg);                    // one long request: must split
+      check_plan({0, 0, 0}, cfg);                  // all empty
+      check_plan({1, 15, 511, 2048, 16384, 0}, cfg);  // ragged with an empty request
+      std::vector<int64_t> lens(64);
+      for (auto& l : lens) l = rng() % 5000;
+      check_plan(lens, cfg);
+    }
+  }
+  // One long request fills the GPU: ~2 waves of CTAs.
+  cfg.group_size = 4;
+  cfg.num_kv_heads = 8;
+  {
+    const DecodePlan p = plan_decode({32768}, cfg);
+    CHECK(p.any_split);
+    CHECK(int64_t(p.items.size()) >= int64_t{cfg.num_sms} * cfg.ctas_per_sm);
+  }
+  // Many long requests need no split.
+  {
+    const DecodePlan p = plan_decode(std::vector<int64_t>(256, 1024), cfg);
+    CHECK(!p.any_split && p.items.size() == 256 * 8);
+  }
+  // disable_split_kv / fixed split: a request's items do not depend on the rest of the batch.
+  for (bool fixed : {false, true}) {
+    DecodePlanConfig c = cfg;
+    c.disable_split_kv = !fixed;
+    c.fixed_split_tokens = fixed ? 2048 : 0;
+    const DecodePlan alone = plan_decode({9000}, c);
+    const DecodePlan with_others = plan_decode({5, 9000, 70000, 0}, c);
+    std::vector<std::pair<int, int>> a, b;
+    for (const auto& it : alone.items) a.push_back({it.kv_begin, it.kv_end});
+    for (const auto& it : with_others.items)
+      if (it.request == 1) b.push_back({it.kv_begin, it.kv_end});
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    CHECK(a == b);
+    check_plan({5, 9000, 70000, 0}, c);
+  }
+  return test::finish("test_scheduler");
+}

@@ -1,0 +1,377 @@
+"""Decode attention on the GPU against the float64 reference (reference_attention.py):
+single decode and BatchDecodeWithPagedKVCacheWrapper over page sizes, layouts, GQA groups,
+head dims, dtypes, RoPE/ALiBi, soft cap, sliding window, LSE, split-KV, CUDA graphs, and the
+page-table validation of plan()/run()."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import List, Tuple
+
+import pytest
+import torch
+
+import flashinfer
+from reference_attention import assert_attention_close, assert_lse_close, decode_one, gather_pages
+
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+
+def make_cache(lens: List[int], page_size: int, hkv: int, d: int, dtype, layout: str, spare_pages: int = 3,
+               form: str = "tuple"):
+    """A random paged cache holding requests of `lens` keys, pages shuffled, plus unused pages."""
+    n_pages = [(l + page_size - 1) // page_size for l in lens]
+    total = sum(n_pages) + spare_pages
+    perm = list(range(total))
+    random.shuffle(perm)
+    indptr, indices, last = [0], [], []
+    it = iter(perm)
+    for l, n in zip(lens, n_pages):
+        indices += [next(it) for _ in range(n)]
+        indptr.append(len(indices))
+        last.append(0 if n == 0 else l - (n - 1) * page_size)
+    shape = (total, page_size, hkv, d) if layout == "NHD" else (total, hkv, page_size, d)
+    if form == "5d":
+        both = torch.randn((total, 2) + shape[1:], dtype=dtype, device=CUDA)
+        k, v = both[:, 0], both[:, 1]
+        cache = both
+    else:
+        k = torch.randn(shape, dtype=dtype, device=CUDA)
+        v = torch.randn(shape, dtype=dtype, device=CUDA)
+        cache = (k, v)
+    return cache, k, v, indptr, indices, last
+
+
+def run_batch(lens, page_size, hq, hkv, d, dtype, layout, *, use_tc=False, pos="NONE", soft_cap=None,
+              window_left=-1, form="tuple", return_lse=True, q=None):
+    cache, k, v, indptr, indices, last = make_cache(lens, page_size, hkv, d, dtype, layout, form=form)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, layout, use_tensor_cores=use_tc)
+    w.plan(torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
+           torch.tensor(last, dtype=torch.int32), hq, hkv, d, page_size, pos_encoding_mode=pos,
+           window_left=window_left, logits_soft_cap=soft_cap, q_data_type=dtype)
+    if q is None:
+        q = torch.randn(len(lens), hq, d, dtype=dtype, device=CUDA)
+    if return_lse:
+        o, lse = w.run(q, cache, return_lse=True)
+    else:
+        o, lse = w.run(q, cache), None
+    return o, lse, q, (k, v, indptr, indices, last)
+
+
+def check_batch(o, lse, q, kv, layout, *, pos="NONE", soft_cap=None, window_left=-1):
+    k, v, indptr, indices, last = kv
+    sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    for b in range(q.shape[0]):
+        kb, vb = gather_pages(k, v, layout, indptr, indices, last, b)
+        ro, rl = decode_one(q[b], kb, vb, sm_scale=sm_scale, soft_cap=soft_cap or 0.0, window_left=window_left,
+                            pos_encoding_mode=pos)
+        if kb.shape[0] == 0:
+            assert torch.equal(o[b].float(), torch.zeros_like(o[b].float())), f"request {b}: empty must give o == 0"
+        else:
+            assert_attention_close(o[b], ro, f"o[{b}]")
+        if lse is not None:
+            assert_lse_close(lse[b], rl, f"lse[{b}]")
+
+
+def ragged(batch: int, kv_len: int) -> List[int]:
+    if batch == 1:
+        return [kv_len]
+    lens = [random.randint(1, kv_len) for _ in range(batch)]
+    lens[0] = kv_len
+    if batch > 2:
+        lens[1] = 0  # an empty request in every ragged batch
+    return lens
+
+
+# Every value of every axis appears; the risky combinations are crossed explicitly.
+# (batch, kv_len, page_size, hq, hkv, head_dim, dtype, layout, use_tc, pos, soft_cap, window)
+B, H = torch.bfloat16, torch.float16
+CASES = [
+    (1, 1, 1, 32, 8, 128, B, "NHD", False, "NONE", None, -1),
+    (1, 15, 5, 32, 8, 128, H, "HND", True, "NONE", None, -1),
+    (7, 511, 16, 32, 8, 128, B, "NHD", False, "NONE", None, -1),
+    (7, 2048, 16, 8, 8, 64, H, "NHD", True, "NONE", None, -1),
+    (1, 16384, 16, 32, 8, 128, B, "NHD", False, "NONE", None, -1),  # long KV: split-KV
+    (1, 16384, 1, 32, 4, 256, H, "HND", True, "NONE", None, -1),  # long KV, page 1, HND
+    (64, 2048, 16, 32, 8, 128, B, "NHD", True, "NONE", None, -1),
+    (64, 511, 5, 16, 16, 64, B, "HND", False, "NONE", None, -1),
+    (7, 511, 1, 32, 4, 128, B, "HND", False, "NONE", None, -1),  # page_size 1 with HND
+    (7, 2048, 5, 64, 8, 256, H, "NHD", True, "NONE", None, -1),  # GQA 8 with tensor cores
+    (7, 2048, 16, 32, 8, 128, B, "NHD", False, "ROPE_LLAMA", None, 100),  # RoPE with window
+    (7, 511, 16, 32, 4, 64, H, "HND", True, "ROPE_LLAMA", None, -1),
+    (7, 2048, 16, 32, 8, 128, H, "NHD", False, "NONE", 30.0, -1),  # soft cap
+    (7, 2048, 5, 32, 8, 128, B, "NHD", False, "NONE", 1.0, 33),  # soft cap + window
+    (7, 511, 16, 32, 8, 128, H, "NHD", False, "ALIBI", None, -1),
+    (1, 16384, 16, 32, 8, 128, H, "NHD", True, "ROPE_LLAMA", None, 1000),  # long + RoPE + window
+    (64, 15, 1, 32, 32, 128, B, "NHD", False, "NONE", None, -1),  # MHA, short
+    (7, 2048, 16, 32, 1, 128, B, "NHD", False, "NONE", None, -1),  # MQA (group 32: sub-groups)
+    (7, 2048, 16, 12, 4, 128, H, "HND", False, "NONE", None, -1),  # group 3
+    (7, 2048, 16, 48, 4, 64, B, "NHD", True, "NONE", None, -1),  # group 12: 2 sub-groups, partial
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-kv{}-ps{}-h{}/{}-d{}-{}-{}-tc{}-{}-cap{}-w{}".format(
+    c[0], c[1], c[2], c[3], c[4], c[5], str(c[6])[6:], c[7], int(c[8]), c[9], c[10], c[11]))
+def test_batch_decode(case):
+    batch, kv_len, ps, hq, hkv, d, dtype, layout, use_tc, pos, cap, window = case
+    lens = ragged(batch, kv_len)
+    o, lse, q, kv = run_batch(lens, ps, hq, hkv, d, dtype, layout, use_tc=use_tc, pos=pos, soft_cap=cap,
+                              window_left=window)
+    assert o.shape == q.shape and o.dtype == dtype
+    check_batch(o, lse, q, kv, layout, pos=pos, soft_cap=cap, window_left=window)
+
+
+@pytest.mark.smoke
+def test_batch_decode_smoke():
+    test_batch_decode(CASES[2])
+
+
+@pytest.mark.parametrize("form", ["5d", "tuple"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cache_forms_agree(form, layout):
+    lens = [300, 17, 0, 64]
+    o, lse, q, kv = run_batch(lens, 16, 16, 4, 128, torch.float16, layout, form=form)
+    check_batch(o, lse, q, kv, layout)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_page_size_one_forms(layout):
+    """The 4-D single tensor [P, 2, H, D] and the 3-D tuple both mean page_size 1."""
+    lens = [5, 40]
+    hkv, d = 2, 64
+    total = sum(lens) + 2
+    both = torch.randn(total, 2, hkv, d, dtype=torch.float16, device=CUDA)
+    perm = torch.randperm(total).tolist()
+    indptr = [0, lens[0], lens[0] + lens[1]]
+    indices = perm[:sum(lens)]
+    last = [1, 1]
+    ws = torch.empty(32 << 20, dtype=torch.uint8, device=CUDA)
+    q = torch.randn(2, 8, d, dtype=torch.float16, device=CUDA)
+    outs = []
+    for cache in (both, (both[:, 0].contiguous(), both[:, 1].contiguous())):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, layout)
+        w.plan(indptr, indices, last, 8, hkv, d, 1, q_data_type=torch.float16)
+        outs.append(w.run(q, cache))
+    assert torch.equal(outs[0], outs[1])
+    k4 = both[:, 0].unsqueeze(1)  # [P, 1, H, D] = NHD with page_size 1
+    for b in range(2):
+        kb, vb = gather_pages(k4, both[:, 1].unsqueeze(1), "NHD", indptr, indices, last, b)
+        ro, _ = decode_one(q[b], kb, vb, sm_scale=1 / math.sqrt(d))
+        assert_attention_close(outs[0][b], ro)
+
+
+@pytest.mark.parametrize("kv_len", [1, 15, 511, 2048, 16384, 32768])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 8, 64), (16, 2, 256)])
+def test_single_decode(kv_len, layout, hq, hkv, d):
+    dtype = torch.bfloat16 if kv_len % 2 else torch.float16
+    q = torch.randn(hq, d, dtype=dtype, device=CUDA)
+    shape = (kv_len, hkv, d) if layout == "NHD" else (hkv, kv_len, d)
+    k = torch.randn(shape, dtype=dtype, device=CUDA)
+    v = torch.randn(shape, dtype=dtype, device=CUDA)
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, layout, return_lse=True)
+    kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+    ro, rl = decode_one(q, kk, vv, sm_scale=1 / math.sqrt(d))
+    assert_attention_close(o, ro)
+    assert_lse_close(lse, rl)
+
+
+@pytest.mark.parametrize("pos,cap,window", [("ROPE_LLAMA", None, -1), ("ALIBI", None, -1), ("NONE", 50.0, -1),
+                                            ("NONE", None, 3), ("ROPE_LLAMA", None, 533)])
+def test_single_decode_variants(pos, cap, window):
+    q = torch.randn(32, 128, dtype=torch.float16, device=CUDA)
+    k = torch.randn(4000, 8, 128, dtype=torch.float16, device=CUDA)
+    v = torch.randn(4000, 8, 128, dtype=torch.float16, device=CUDA)
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, pos_encoding_mode=pos, logits_soft_cap=cap,
+                                                    window_left=window, return_lse=True)
+    ro, rl = decode_one(q, k, v, sm_scale=1 / math.sqrt(128), soft_cap=cap or 0.0, window_left=window,
+                        pos_encoding_mode=pos)
+    assert_attention_close(o, ro)
+    assert_lse_close(lse, rl)
+
+
+def test_single_decode_strided_q_and_kv():
+    """q, k, v as views of one fused QKV buffer (no copies)."""
+    kv_len, hq, hkv, d = 777, 32, 8, 128
+    qkv = torch.randn(kv_len, hq + 2 * hkv, d, dtype=torch.bfloat16, device=CUDA)
+    q = qkv[-1, :hq]
+    k = qkv[:, hq:hq + hkv]
+    v = qkv[:, hq + hkv:]
+    o = flashinfer.single_decode_with_kv_cache(q, k, v)
+    ro, _ = decode_one(q, k, v, sm_scale=1 / math.sqrt(d))
+    assert_attention_close(o, ro)
+
+
+def test_extreme_scores():
+    """Raw scores near -5e5 still give o = v exactly (one key) and the exact LSE."""
+    d = 128
+    q = torch.full((4, d), 50.0, dtype=torch.float16, device=CUDA)
+    k = torch.full((1, 4, d), -80.0, dtype=torch.float16, device=CUDA)
+    v = torch.randn(1, 4, d, dtype=torch.float16, device=CUDA)
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, sm_scale=1.0, return_lse=True)
+    assert torch.equal(o, v[0])
+    expected = -50.0 * 80.0 * d / math.log(2.0)
+    assert torch.allclose(lse.double(), torch.full_like(lse.double(), expected), rtol=1e-5, atol=1e-3)
+
+
+def test_empty_request_tc_equals_cuda_cores():
+    hq, hkv, d, ps = 8, 2, 128, 16
+    k = torch.randn(10, ps, hkv, d, dtype=torch.float16, device=CUDA)
+    v = torch.randn_like(k)
+    q = torch.randn(2, hq, d, dtype=torch.float16, device=CUDA)
+    ws = torch.empty(32 << 20, dtype=torch.uint8, device=CUDA)
+    res = []
+    for tc in (False, True):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+        w.plan(torch.tensor([0, 0, 9], dtype=torch.int32), torch.arange(9, dtype=torch.int32),
+               torch.tensor([0, 1], dtype=torch.int32), hq, hkv, d, ps, q_data_type=torch.float16)
+        res.append(w.run(q, (k, v), return_lse=True))
+    (o0, l0), (o1, l1) = res
+    assert torch.equal(o0[0], torch.zeros_like(o0[0])) and torch.isinf(l0[0]).all()
+    assert (o0.float() - o1.float()).abs().max() <= 1e-3
+    assert torch.equal(l0.isinf(), l1.isinf())
+
+
+def test_out_and_lse_buffers():
+    lens = [100, 3000]
+    o, lse, q, kv = run_batch(lens, 16, 32, 8, 128, torch.bfloat16, "NHD")
+    cache = (kv[0], kv[1])
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(kv[2], kv[3], kv[4], 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    lse_buf = torch.full((2, 32), float("nan"), device=CUDA)
+    r = w.run(q, cache, out=out, lse=lse_buf)
+    assert r is out
+    assert torch.equal(out, o) and torch.equal(lse_buf, lse)
+    with pytest.raises(ValueError, match="Invalid shape of out"):
+        w.run(q, cache, out=torch.empty(2, 32, 64, dtype=torch.bfloat16, device=CUDA))
+
+
+def test_disable_split_kv_is_batch_invariant():
+    hq, hkv, d, ps = 32, 8, 128, 16
+    lens = [9000, 5, 20000, 0, 300]
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, torch.bfloat16, "NHD")
+    q = torch.randn(len(lens), hq, d, dtype=torch.bfloat16, device=CUDA)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, disable_split_kv=True)
+    full, full_lse = w.run(q, cache, return_lse=True)
+    w.plan([0, indptr[1] - indptr[0]], indices[indptr[0]:indptr[1]], [last[0]], hq, hkv, d, ps,
+           q_data_type=torch.bfloat16, disable_split_kv=True)
+    alone, alone_lse = w.run(q[:1].contiguous(), cache, return_lse=True)
+    assert torch.equal(full[0], alone[0]) and torch.equal(full_lse[0], alone_lse[0])
+
+
+@pytest.mark.parametrize("use_tc", [False, True])
+def test_cuda_graph_replan_and_replay(use_tc):
+    hq, hkv, d, ps, batch = 32, 8, 128, 16, 7
+    max_pages = 4096
+    indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device=CUDA)
+    indices_buf = torch.empty(max_pages, dtype=torch.int32, device=CUDA)
+    last_buf = torch.empty(batch, dtype=torch.int32, device=CUDA)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, use_tensor_cores=use_tc,
+                                                      paged_kv_indptr_buffer=indptr_buf,
+                                                      paged_kv_indices_buffer=indices_buf,
+                                                      paged_kv_last_page_len_buffer=last_buf)
+    k = torch.randn(max_pages, ps, hkv, d, dtype=torch.float16, device=CUDA)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, hq, d, dtype=torch.float16, device=CUDA)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, hq, dtype=torch.float32, device=CUDA)
+
+    def plan(lens):
+        n = [(l + ps - 1) // ps for l in lens]
+        indptr = [0]
+        for x in n:
+            indptr.append(indptr[-1] + x)
+        indices = torch.randperm(max_pages)[:indptr[-1]].tolist()
+        last = [0 if x == 0 else l - (x - 1) * ps for l, x in zip(lens, n)]
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16)
+        return indptr, indices, last
+
+    meta = plan([100] * batch)  # short: no split at capture time
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q, (k, v), out=out, lse=lse)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(q, (k, v), out=out, lse=lse)
+    for lens in ([100] * batch, [30000, 1, 0, 4000, 17, 16, 8000], [5, 6, 7, 8, 9, 10, 11]):
+        meta = plan(lens)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check_batch(out, lse, q, (k, v) + tuple(meta), "NHD")
+
+
+# ---- validation (plan / run) ------------------------------------------------------------------------
+
+def _wrapper():
+    return flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8, device=CUDA))
+
+
+@pytest.mark.parametrize("indptr,indices,last,match", [
+    ([1, 2], [0, 1], [1], "indptr\\[0\\] must be 0"),
+    ([0, 3, 2], [0, 1, 2], [1, 1], "nondecreasing"),
+    ([0, 2], [0, 1, 2], [1], "indptr\\[-1\\]"),
+    ([0, 2], [0, 1], [17], "last_page_len\\[0\\]"),
+    ([0, 2], [0, 1], [0], "last_page_len\\[0\\]"),
+    ([0, 2], [0, -1], [1], "indices must be >= 0"),
+    ([0, 2], [0, 1], [1, 1], "last_page_len must have"),
+])
+def test_plan_rejects_bad_page_table(indptr, indices, last, match):
+    with pytest.raises(ValueError, match=match):
+        _wrapper().plan(indptr, indices, last, 8, 8, 128, 16)
+
+
+def test_plan_rejects_bad_heads_and_head_dim():
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        _wrapper().plan([0, 1], [0], [1], 12, 8, 128, 16)
+    with pytest.raises(ValueError, match="head_dim"):
+        _wrapper().plan([0, 1], [0], [1], 8, 8, 96, 16)
+    with pytest.raises(KeyError):
+        _wrapper().plan([0, 1], [0], [1], 8, 8, 128, 16, pos_encoding_mode="YARN")
+
+
+def test_plan_rejects_small_workspace():
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device=CUDA))
+    with pytest.raises(ValueError, match="too small"):
+        w.plan([0, 2048], list(range(2048)), [16], 32, 8, 128, 16)
+
+
+def test_run_rejects_mismatches():
+    w = _wrapper()
+    w.plan([0, 2], [0, 3], [5], 8, 2, 128, 16, q_data_type=torch.float16)
+    q = torch.randn(1, 8, 128, dtype=torch.float16, device=CUDA)
+    k = torch.randn(4, 16, 2, 128, dtype=torch.float16, device=CUDA)
+    with pytest.raises(ValueError, match="does not match the q_data_type"):
+        w.run(q.bfloat16(), (k, k))
+    with pytest.raises(ValueError, match="page_size"):
+        w.run(q, (k[:, :8].contiguous(), k[:, :8].contiguous()))
+    with pytest.raises(ValueError, match="only 2 pages"):
+        w.run(q, (k[:2], k[:2]))
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        w.run(q, (k[:, :, :1], k[:, :, :1]))
+    with pytest.raises(KeyError):
+        w.run(q, [k])
+    with pytest.raises(ValueError, match="does not match the kv_data_type"):
+        w.run(q, (k.bfloat16(), k.bfloat16()))
+
+
+def test_cuda_graph_requires_buffers():
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=CUDA)
+    with pytest.raises(ValueError, match="use_cuda_graph=True requires"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
+
+
+def test_workspace_alignment():
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=CUDA)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws[1:])
