@@ -158,17 +158,18 @@ class DeviceGuard {
     if (prev_ != device) {
       err = cudaSetDevice(device);
       if (err != cudaSuccess) throw_cuda(op, err);
+      switched_ = true;
     }
   }
   ~DeviceGuard() {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+    if (switched_) cudaSetDevice(prev_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int prev_ = 0;
+  bool switched_ = false;
 };
 
 // PDL needs compute capability 9.0+; asked once per device, then cached.

@@ -36,11 +36,12 @@ fb::DType parse_dtype(const std::string& s) {
   fb::fail("decode: dtype must be float16 or bfloat16; got " + s);
 }
 
-int ctas_per_sm(fb::DType dt, int head_dim, int group, int* num_sms) {
+int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode, int* num_sms) {
   int ctas = 0;
   fb::with_dtype("decode", dt, [&](auto tag) {
     using T = decltype(tag);
-    const cudaError_t err = flashinfer::attention::DecodeCtasPerSM<T>(head_dim, group, &ctas, num_sms);
+    const cudaError_t err = flashinfer::attention::DecodeCtasPerSM<T>(head_dim, group, use_tc,
+                                                                      static_cast<PosEncodingMode>(pos_mode), &ctas, num_sms);
     if (err != cudaSuccess) fb::throw_cuda("decode plan", err);
   });
   return ctas;
@@ -135,13 +136,14 @@ class DecodeRunner {
                int head_dim, int64_t page_size, int layout, int pos_mode, int window_left, double sm_scale,
                double soft_cap, double rope_scale, double rope_theta, uintptr_t indptr, uintptr_t indices,
                uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
-               uintptr_t partial_o, uintptr_t partial_lse, bool launch_merge, int64_t max_grid, int64_t max_page_index)
+               uintptr_t partial_o, uintptr_t partial_lse, bool launch_merge, int64_t max_grid, int64_t max_page_index,
+               bool use_tc)
       : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
         hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
         sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
         rope_theta_(float(rope_theta)), indptr_(indptr), indices_(indices), last_(last_page_len), seq_lens_(seq_lens),
         items_(items), num_items_(num_items), merge_(merge), partial_o_(partial_o), partial_lse_(partial_lse),
-        launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index) {
+        launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc) {
     check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
   }
 
@@ -229,7 +231,7 @@ class DecodeRunner {
       p.pos_encoding = static_cast<PosEncodingMode>(pos_);
       p.rope_scale = rope_scale_, p.rope_theta = rope_theta_;
       p.pdl = pdl;
-      const cudaError_t err = flashinfer::attention::Decode(p, launch_merge_, max_grid_, fb::as_stream(stream));
+      const cudaError_t err = flashinfer::attention::Decode(p, use_tc_, launch_merge_, max_grid_, fb::as_stream(stream));
       if (err != cudaSuccess) fb::throw_cuda(c.op, err);
     });
   }
@@ -245,12 +247,13 @@ class DecodeRunner {
   uintptr_t indptr_, indices_, last_, seq_lens_, items_, num_items_, merge_, partial_o_, partial_lse_;
   bool launch_merge_;
   int64_t max_grid_, max_page_index_;
+  bool use_tc_;
 };
 
 // Host planner: kv lengths -> (items [n, 5], merge [batch, 2], partial states, any split, chunk).
 nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> kv_lens, int num_qo_heads,
                int num_kv_heads, int head_dim, int64_t page_size, const std::string& dtype, bool disable_split_kv,
-               int64_t fixed_split_tokens, int device) {
+               int64_t fixed_split_tokens, bool use_tc, int pos_mode, int device) {
   const char* op = "BatchDecodeWithPagedKVCacheWrapper.plan";
   check_head_dim(op, head_dim);
   if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
@@ -258,7 +261,8 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
              ") must be a positive multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
   fb::DeviceGuard guard(op, device);
   flashinfer::attention::DecodePlanConfig cfg;
-  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, &cfg.num_sms);
+  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
+                                &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   cfg.max_group_per_cta = flashinfer::attention::kDecodeMaxGroup;
@@ -277,12 +281,13 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
 
 // Keys per chunk and chunk count for single decode of kv_len keys (the same planner).
 nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int head_dim, const std::string& dtype,
-                      int device) {
+                      bool use_tc, int pos_mode, int device) {
   const char* op = "single_decode_with_kv_cache";
   check_head_dim(op, head_dim);
   fb::DeviceGuard guard(op, device);
   flashinfer::attention::DecodePlanConfig cfg;
-  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, &cfg.num_sms);
+  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
+                                &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   const auto pl = flashinfer::attention::plan_decode({kv_len}, cfg);
@@ -294,7 +299,7 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
 void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
                    std::optional<MutTensor> partial_o, std::optional<MutTensor> partial_lse, int layout,
                    int64_t chunk, int64_t chunks, int pos_mode, int window_left, double sm_scale, double soft_cap,
-                   double rope_scale, double rope_theta, uintptr_t stream, bool enable_pdl) {
+                   double rope_scale, double rope_theta, bool use_tc, uintptr_t stream, bool enable_pdl) {
   const fb::Checker c{"single_decode_with_kv_cache"};
   c.ndim_in(q, "q", {2}, "2-D [num_qo_heads, head_dim]");
   const fb::DType dt = c.dtype_half(q, "q");
@@ -355,7 +360,7 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.rope_scale = float(rope_scale), p.rope_theta = float(rope_theta);
     p.pdl = pdl;
     const int64_t n_items = int64_t{hkv} * p.sub_groups * chunks;
-    const cudaError_t err = flashinfer::attention::Decode(p, chunks > 1, n_items, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::attention::Decode(p, use_tc, chunks > 1, n_items, fb::as_stream(stream));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }
@@ -365,16 +370,16 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
 NB_MODULE(_decode, m) {
   m.doc() = "flashinfer decode attention (see flashinfer.decode)";
   m.def("plan", &plan, "kv_lens"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
-        "disable_split_kv"_a, "fixed_split_tokens"_a, "device"_a);
+        "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
   m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
-        "device"_a);
+        "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
   m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial_o"_a.none(),
         "partial_lse"_a.none(), "layout"_a, "chunk"_a, "chunks"_a, "pos_encoding_mode"_a, "window_left"_a,
-        "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "stream"_a, "enable_pdl"_a);
+        "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "use_tensor_cores"_a, "stream"_a, "enable_pdl"_a);
   nb::class_<DecodeRunner>(m, "DecodeRunner")
       .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                    uintptr_t, bool, int64_t, int64_t>())
+                    uintptr_t, bool, int64_t, int64_t, bool>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
            "stream"_a, "enable_pdl"_a);
 }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "activation.h"
+#include "bulk_copy.cuh"
 #include "cp_async.cuh"
 #include "math.cuh"
 #include "occupancy.h"
@@ -37,6 +38,8 @@ FLASHINFER_DEVICE void act_and_mul_store(const Vec<T, kVec>& a, const Vec<T, kVe
   o.store_stream(out);
 }
 
+constexpr int kMaxActStages = 8;
+
 // Vectorised rows: blocks loop over tiles (row, chunk) with stride gridDim.x; each thread
 // streams its kActUnroll vectors of both halves of upcoming tiles into its own shared-memory
 // slots, `stages - 1` tiles ahead. Dynamic shared memory: [stages][2][kActUnroll][blockDim.x].
@@ -49,6 +52,28 @@ __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chu
   const int64_t tiles = p.rows * chunks_per_row;
   auto slot = [&](int s, int half, int u) { return slots + ((s * 2 + half) * kActUnroll + u) * nt + t; };
   auto col = [&](int64_t tile, int u) { return (tile % chunks_per_row) * nt * kActUnroll + int64_t{u} * nt + t; };
+#ifdef FLASHINFER_HAS_BULK_COPY
+  // sm_90+: thread 0 moves both halves of a tile with the TMA engine (one mbarrier per stage).
+  __shared__ uint64_t bars[kMaxActStages];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) bulk::mbarrier_init(&bars[s], 1);
+    bulk::fence_init();
+  }
+  __syncthreads();
+  auto issue = [&](int64_t tile, int s) {
+    if (threadIdx.x == 0 && tile < tiles) {
+      const int64_t j0 = col(tile, 0) - t;  // first vector of the tile
+      const int64_t n = min(int64_t{nt} * kActUnroll, nvec - j0);
+      const uint32_t bytes = static_cast<uint32_t>(n * 16);
+      const T* x1 = p.input + p.in_rows.offset(tile / chunks_per_row) + j0 * kVec;
+      bulk::fence_proxy_async();
+      bulk::arrive_expect_tx(&bars[s], 2 * bytes);
+      bulk::copy(slot(s, 0, 0) - t, x1, bytes, &bars[s]);
+      bulk::copy(slot(s, 1, 0) - t, x1 + p.hidden, bytes, &bars[s]);
+    }
+  };
+  auto landed = [&](int s, int64_t k) { bulk::wait_parity(&bars[s], static_cast<uint32_t>((k / stages) & 1)); };
+#else
   auto issue = [&](int64_t tile, int s) {
     if (tile < tiles) {
       const T* x1 = p.input + p.in_rows.offset(tile / chunks_per_row);
@@ -63,13 +88,16 @@ __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chu
     }
     cp_async::commit();
   };
+  auto landed = [&](int, int64_t) { cp_async::wait(stages - 1); };
+#endif
   pdl_wait();
   const int64_t first = blockIdx.x, step = gridDim.x;
   for (int s = 0; s + 1 < stages; ++s) issue(first + s * step, s);
   int s_cur = 0;
-  for (int64_t tile = first; tile < tiles; tile += step) {
+  int64_t k = 0;
+  for (int64_t tile = first; tile < tiles; tile += step, ++k) {
     issue(tile + (stages - 1) * step, s_cur == 0 ? stages - 1 : s_cur - 1);
-    cp_async::wait(stages - 1);
+    landed(s_cur, k);
     T* out = p.out + p.out_rows.offset(tile / chunks_per_row);
     FLASHINFER_UNROLL
     for (int u = 0; u < kActUnroll; ++u) {
@@ -79,9 +107,13 @@ __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chu
                                           *reinterpret_cast<const Vec<T, kVec>*>(slot(s_cur, 1, u)), out + j * kVec);
       }
     }
+    // every thread is done with this stage before thread 0 refills it
+    __syncthreads();
     s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
   }
+#ifndef FLASHINFER_HAS_BULK_COPY
   cp_async::wait(0);
+#endif
   pdl_launch_dependents();
 }
 
@@ -109,12 +141,14 @@ cudaError_t ActAndMulDispatched(const ActParams<T>& p, const ActShape& l, cudaSt
   constexpr int64_t kMaxRowBlocks = int64_t{1} << 30;
   if (l.vec_elems > 1) {
     constexpr auto kernel = ActAndMulPipelinedKernel<T, kKind>;
+    int device = 0;
+    FLASHINFER_CUDA_TRY(cudaGetDevice(&device));
     DeviceInfo dev;
-    FLASHINFER_CUDA_TRY(current_device_info(&dev));
+    FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
     const StreamConfig c =
-        stream_config(dev, p.rows * l.chunks_per_row, l.threads, kernel_regs<kernel>(), act_stage_bytes(l));
+        stream_config(dev, p.rows * l.chunks_per_row, l.threads, kernel_regs<kernel>(), act_stage_bytes(l), kMaxActStages);
     if (c.stages > 0) {
-      FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem));
+      FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem, device));
       return launch(kernel, dim3(static_cast<unsigned>(c.grid)), dim3(l.threads), c.smem, stream, p.pdl, p,
                     l.chunks_per_row, c.stages);
     }

@@ -21,6 +21,13 @@ FLASHINFER_DEVICE void copy16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
 }
 
+// Copies 16 bytes when `valid`, else writes 16 zero bytes (nothing is read from gmem).
+FLASHINFER_DEVICE void copy16_or_zero(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
 FLASHINFER_DEVICE void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most n of this thread's committed groups are still in flight (n <= 15).

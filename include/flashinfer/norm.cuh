@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bulk_copy.cuh"
 #include "cp_async.cuh"
 #include "dispatch.h"
 #include "math.cuh"
@@ -138,6 +139,8 @@ __global__ void NormWarpKernel(const NormParams<T, WT> p) {
   pdl_launch_dependents();
 }
 
+constexpr int kMaxNormStages = 8;
+
 // kPipelined: blocks loop over rows blockIdx.x, +gridDim.x, ...; each thread keeps
 // `stages - 1` upcoming rows of its own vectors in flight (cp.async into its own shared
 // memory slots), so the memory system always has work while the current row reduces.
@@ -152,6 +155,26 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
   const int t = threadIdx.x, nt = blockDim.x;
   const int64_t nvec = p.hidden / kE;
   auto slot = [&](int s, int in, int i) { return slots + ((s * kInputs + in) * kVecs + i) * nt + t; };
+#ifdef FLASHINFER_HAS_BULK_COPY
+  // sm_90+: thread 0 moves whole rows with the TMA engine; an mbarrier per stage counts the
+  // bytes in. The slots of a stage are exactly the row's layout (vector j at slot j).
+  __shared__ uint64_t bars[kMaxNormStages];
+  const uint32_t row_bytes = static_cast<uint32_t>(nvec * 16);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) bulk::mbarrier_init(&bars[s], 1);
+    bulk::fence_init();
+  }
+  __syncthreads();
+  auto issue = [&](int64_t row, int s) {
+    if (threadIdx.x == 0 && row < p.rows) {
+      bulk::fence_proxy_async();  // the stage's previous reads come before the refill
+      bulk::arrive_expect_tx(&bars[s], row_bytes * kInputs);
+      bulk::copy(slot(s, 0, 0) - t, p.input + p.in_rows.offset(row), row_bytes, &bars[s]);
+      if constexpr (kFused) bulk::copy(slot(s, 1, 0) - t, p.residual + p.res_rows.offset(row), row_bytes, &bars[s]);
+    }
+  };
+  auto landed = [&](int s, int64_t k) { bulk::wait_parity(&bars[s], static_cast<uint32_t>((k / stages) & 1)); };
+#else
   auto issue = [&](int64_t row, int s) {
     if (row < p.rows) {
       const T* x = p.input + p.in_rows.offset(row);
@@ -167,6 +190,8 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
     }
     cp_async::commit();  // one group per row, empty past the end, so the counting holds
   };
+  auto landed = [&](int, int64_t) { cp_async::wait(stages - 1); };
+#endif
 
   pdl_wait();
   FLASHINFER_UNROLL
@@ -180,10 +205,11 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
   const int64_t first = blockIdx.x, step = gridDim.x;
   for (int s = 0; s + 1 < stages; ++s) issue(first + s * step, s);
   int s_cur = 0;
-  for (int64_t row = first; row < p.rows; row += step) {
+  int64_t k = 0;
+  for (int64_t row = first; row < p.rows; row += step, ++k) {
     const int s_next = s_cur == 0 ? stages - 1 : s_cur - 1;  // (s_cur + stages - 1) % stages
     issue(row + (stages - 1) * step, s_next);
-    cp_async::wait(stages - 1);  // this row's group has landed
+    landed(s_cur, k);  // this row's data is in its stage
     Vec<T, kE> xv[kVecs], rv[kFused ? kVecs : 1];
     FLASHINFER_UNROLL
     for (int i = 0; i < kVecs; ++i) {
@@ -195,7 +221,9 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
     detail::normalize_row<T, WT, kVecs, kKind>(p, row, true, xv, rv, t, nt, false, red);
     s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
   }
+#ifndef FLASHINFER_HAS_BULK_COPY
   cp_async::wait(0);
+#endif
   pdl_launch_dependents();
 }
 
@@ -255,15 +283,17 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 template <NormKind kKind, int kVecs, typename T, typename WT>
 cudaError_t NormPipelined(const NormParams<T, WT>& p, const NormShape& l, cudaStream_t stream) {
   constexpr auto kernel = NormPipelinedKernel<T, WT, kVecs, kKind>;
+  int device = 0;
+  FLASHINFER_CUDA_TRY(cudaGetDevice(&device));
   DeviceInfo dev;
-  FLASHINFER_CUDA_TRY(current_device_info(&dev));
+  FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
   const StreamConfig c =
-      stream_config(dev, p.rows, l.threads, kernel_regs<kernel>(), norm_stage_bytes(l, kKind));
+      stream_config(dev, p.rows, l.threads, kernel_regs<kernel>(), norm_stage_bytes(l, kKind), kMaxNormStages);
   if (c.stages == 0) {  // rows too wide for two stages in shared memory: scalar passes
     const dim3 grid(static_cast<unsigned>(p.rows < kMaxBlocks ? p.rows : kMaxBlocks));
     return launch(NormScalarKernel<T, WT, kKind>, grid, dim3(1024), 0, stream, p.pdl, p);
   }
-  FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem));
+  FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kernel>(c.smem, device));
   return launch(kernel, dim3(static_cast<unsigned>(c.grid)), dim3(l.threads), c.smem, stream, p.pdl, p,
                 c.stages);
 }

@@ -31,15 +31,14 @@ inline cudaError_t query_device_info(int device, DeviceInfo* info) {
   return cudaSuccess;
 }
 
-// The current device's DeviceInfo, queried once per device and then served from a table
-// (launchers call this on every launch; after the first call it costs one cudaGetDevice).
-inline cudaError_t current_device_info(DeviceInfo* info) {
+// The DeviceInfo of `dev` (the current device when dev < 0), queried once per device and
+// then served from a table: launchers call this on every launch.
+inline cudaError_t current_device_info(DeviceInfo* info, int dev = -1) {
   constexpr int kMaxDevices = 64;
   static DeviceInfo table[kMaxDevices];
   static bool known[kMaxDevices] = {};
-  int dev = 0;
-  FLASHINFER_CUDA_TRY(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) return query_device_info(dev, info);
+  if (dev < 0) FLASHINFER_CUDA_TRY(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) return query_device_info(dev, info);
   if (!known[dev]) {
     FLASHINFER_CUDA_TRY(query_device_info(dev, &table[dev]));
     known[dev] = true;  // benign race: every writer stores the same values
@@ -61,12 +60,11 @@ int kernel_regs() {
 // Raises a kernel's dynamic shared memory limit to at least `bytes` (once per size step).
 // Also needed below 48 KiB: the default limit covers static + dynamic shared memory.
 template <auto kKernel>
-cudaError_t ensure_dynamic_smem(size_t bytes) {
+cudaError_t ensure_dynamic_smem(size_t bytes, int dev = -1) {
   if (bytes == 0) return cudaSuccess;
   constexpr int kMaxDevices = 64;
   static size_t granted[kMaxDevices] = {};
-  int dev = 0;
-  FLASHINFER_CUDA_TRY(cudaGetDevice(&dev));
+  if (dev < 0) FLASHINFER_CUDA_TRY(cudaGetDevice(&dev));
   if (dev >= 0 && dev < kMaxDevices && granted[dev] >= bytes) return cudaSuccess;
   FLASHINFER_CUDA_TRY(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));

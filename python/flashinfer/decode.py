@@ -275,7 +275,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         items, merge, n_partial, any_split, _chunk, grid = _decode.plan(
             np.ascontiguousarray(kv_lens, dtype=np.int64), num_qo_heads, num_kv_heads, head_dim, int(page_size),
-            q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self.device.index or 0)
+            q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
+            self.device.index or 0)
         need_f = n_partial * num_qo_heads * (head_dim + 1) * 4
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         if need_f > have_f:
@@ -333,7 +334,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self.device.index or 0, q_name, batch, num_qo_heads, num_kv_heads, head_dim, int(page_size),
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
-            base + offsets[1], fws, fws + half, bool(any_split or self._use_cuda_graph), max_grid, max_page)
+            base + offsets[1], fws, fws + half, bool(any_split or self._use_cuda_graph), max_grid, max_page,
+            self._use_tensor_cores)
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._head_dim = head_dim
@@ -478,12 +480,13 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     dev = q.device.index if hasattr(q.device, "index") else q.device.id
     if dev is None or dev < 0:
         dev = 0
-    key = (kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev)
+    key = (kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev, bool(use_tensor_cores), pos)
     chunking = _SINGLE_PLAN_CACHE.get(key)
     if chunking is None:
         if dtype not in ("float16", "bfloat16"):
             raise ValueError(f"single_decode_with_kv_cache: q.dtype must be float16 or bfloat16; got {dtype}")
-        chunking = _SINGLE_PLAN_CACHE[key] = _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev)
+        chunking = _SINGLE_PLAN_CACHE[key] = _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim, dtype,
+                                                                     bool(use_tensor_cores), pos, dev)
     chunk, chunks = chunking
     out = fw.empty_like(q)
     lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
@@ -499,7 +502,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
                           layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
                           float(logits_soft_cap) if logits_soft_cap else 0.0,
                           1.0 if rope_scale is None else float(rope_scale),
-                          1e4 if rope_theta is None else float(rope_theta), fw.stream(q), True)
+                          1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True)
     if v_scale is not None and v_scale != 1:
         out = out * v_scale
     return (out, lse) if return_lse else out

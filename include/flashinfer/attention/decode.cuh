@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include "../cp_async.cuh"
-#include "../dispatch.h"
 #include "../math.cuh"
 #include "../utils.cuh"
 #include "../vec_dtypes.cuh"
@@ -58,6 +57,46 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   const int64_t chunk = i / units, len = p.kv_len(0);
   const int64_t lo = min(len, chunk * p.implicit_chunk), hi = min(len, (chunk + 1) * p.implicit_chunk);
   return {0, i % units, lo, hi, p.implicit_chunks > 1 ? chunk : -1};
+}
+
+// Epilogue shared by the decode kernels: kParts partial states per q head (from the CTA's
+// thread groups) sit in shared memory -- so[part][g][kHeadDim] (normalised by nothing: o =
+// sum 2^(s - m) v), sm[part][g] (running max, log2 units), sd[part][g] (denominator) -- and
+// are merged, then written as the final output (slot < 0) or as a partial state for
+// DecodeMergeKernel. The caller synchronizes before and after.
+template <typename T, int kHeadDim, int kParts>
+FLASHINFER_DEVICE void write_merged(const DecodeParams<T>& p, const Item& it, int qh0, int ng, const float* so,
+                                    const float* sm, const float* sd) {
+  constexpr int kTx = kHeadDim / 8;
+  for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
+    const int g = w / kTx, d0 = (w % kTx) * 8;
+    float m = neg_inf();
+    for (int r = 0; r < kParts; ++r) m = fmaxf(m, sm[r * kDecodeMaxGroup + g]);
+    float den = 0.f, acc[8] = {};
+    if (m != neg_inf()) {
+      for (int r = 0; r < kParts; ++r) {
+        const float wr = exp2f(sm[r * kDecodeMaxGroup + g] - m);  // 0 for empty parts
+        den += wr * sd[r * kDecodeMaxGroup + g];
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) acc[e] += wr * so[(r * kDecodeMaxGroup + g) * kHeadDim + d0 + e];
+      }
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    const float lse = den > 0.f ? m + log2f(den) : neg_inf();
+    const int h = qh0 + g;
+    if (it.slot < 0) {
+      Vec<T, 8> ov;
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) ov.v[e] = from_float<T>(acc[e] * inv);
+      ov.store(p.o + it.request * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
+      if (p.lse && d0 == 0) p.lse[it.request * p.num_qo_heads + h] = lse;
+    } else {
+      float* po = p.partial_o + (it.slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) po[e] = acc[e] * inv;
+      if (d0 == 0) p.partial_lse[it.slot * p.num_qo_heads + h] = lse;
+    }
+  }
 }
 
 }  // namespace detail
@@ -199,35 +238,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       }
     }
     __syncthreads();
-    for (int w = threadIdx.x; w < ng * kTx; w += kDecodeThreads) {
-      const int g = w / kTx, d0 = (w % kTx) * 8;
-      float m = neg_inf();
-      for (int r = 0; r < kTy; ++r) m = fmaxf(m, sm[r * kDecodeMaxGroup + g]);
-      float den = 0.f, acc[8] = {};
-      if (m != neg_inf()) {
-        for (int r = 0; r < kTy; ++r) {
-          const float wr = exp2f(sm[r * kDecodeMaxGroup + g] - m);  // 0 for empty rows
-          den += wr * sd[r * kDecodeMaxGroup + g];
-          FLASHINFER_UNROLL
-          for (int e = 0; e < 8; ++e) acc[e] += wr * so[(r * kDecodeMaxGroup + g) * kHeadDim + d0 + e];
-        }
-      }
-      const float inv = den > 0.f ? 1.f / den : 0.f;
-      const float lse = den > 0.f ? m + log2f(den) : neg_inf();
-      const int h = qh0 + g;
-      if (it.slot < 0) {
-        Vec<T, 8> ov;
-        FLASHINFER_UNROLL
-        for (int e = 0; e < 8; ++e) ov.v[e] = from_float<T>(acc[e] * inv);
-        ov.store(p.o + b * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
-        if (p.lse && d0 == 0) p.lse[b * p.num_qo_heads + h] = lse;
-      } else {
-        float* po = p.partial_o + (it.slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
-        FLASHINFER_UNROLL
-        for (int e = 0; e < 8; ++e) po[e] = acc[e] * inv;
-        if (d0 == 0) p.partial_lse[it.slot * p.num_qo_heads + h] = lse;
-      }
-    }
+    detail::write_merged<T, kHeadDim, kTy>(p, it, qh0, ng, so, sm, sd);
     __syncthreads();  // scratch is the next item's stage memory
   }
   pdl_launch_dependents();
@@ -269,95 +280,5 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeMergeKernel(const Decode
   }
   pdl_launch_dependents();
 }
-
-// Launch shape of the decode kernel on the current device: persistent grid size, stages and
-// shared memory. Independent of the plan (CUDA-graph replays reuse it with new plans).
-constexpr int kMaxStages = 16;  // cp_async::wait supports up to 15 groups in flight
-
-struct DecodeLaunch {
-  int64_t grid = 1;
-  int stages = 2;
-  int64_t smem = 0;
-  int64_t merge_grid = 1;
-};
-
-template <typename T, int kHeadDim, int kG>
-cudaError_t decode_launch_shape(DecodeLaunch* l) {
-  constexpr auto kernel = DecodeKernel<T, kHeadDim, kG>;
-  DeviceInfo dev;
-  FLASHINFER_CUDA_TRY(current_device_info(&dev));
-  const int64_t merge_smem = decode_merge_smem(kHeadDim);
-  StreamConfig c =
-      stream_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), kDecodeStageBytes, kMaxStages);
-  // the merge scratch aliases the stages: use the larger of the two
-  c.smem = c.smem > merge_smem ? c.smem : merge_smem;
-  const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);
-  l->stages = c.stages;
-  l->smem = c.smem;
-  l->grid = int64_t{dev.num_sms} * (bps > 0 ? bps : 1);
-  l->merge_grid = int64_t{dev.num_sms} * 4;
-  return ensure_dynamic_smem<kernel>(c.smem);
-}
-
-// Launches decode (+ the merge when `launch_merge`) for head_dim kHeadDim and a q-head
-// bucket kG >= min(group_size, 8). `grid` 0: the device's persistent grid.
-template <typename T, int kHeadDim, int kG>
-cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
-  DecodeLaunch l;
-  FLASHINFER_CUDA_TRY((decode_launch_shape<T, kHeadDim, kG>(&l)));
-  const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
-  FLASHINFER_CUDA_TRY(launch(DecodeKernel<T, kHeadDim, kG>, dim3(static_cast<unsigned>(grid)), dim3(kDecodeThreads),
-                             l.smem, stream, p.pdl, p, l.stages));
-  if (!launch_merge) return cudaSuccess;
-  return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(l.merge_grid)), dim3(kDecodeThreads), 0,
-                stream, p.pdl, p);
-}
-
-// Dispatch on head_dim and the q-head bucket. max_grid > 0 caps the decode grid (the
-// number of work items when it is known to be small); CUDA-graph users pass 0.
-template <typename T>
-cudaError_t Decode(const DecodeParams<T>& p, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
-  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
-  const int bucket = decode_group_bucket(p.group_size);
-  cudaError_t err = cudaErrorInvalidValue;
-  auto go = [&](auto hd) {
-    constexpr int kD = decltype(hd)::value;
-    switch (bucket) {
-      case 1: err = DecodeDispatched<T, kD, 1>(p, launch_merge, max_grid, stream); break;
-      case 2: err = DecodeDispatched<T, kD, 2>(p, launch_merge, max_grid, stream); break;
-      case 4: err = DecodeDispatched<T, kD, 4>(p, launch_merge, max_grid, stream); break;
-      default: err = DecodeDispatched<T, kD, 8>(p, launch_merge, max_grid, stream); break;
-    }
-    return Status::kSuccess;
-  };
-  if (with_int<64, 128, 256>(p.head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
-  return err;
-}
-
-// CTAs of the decode kernel resident per SM on the current device (the planner's input).
-template <typename T>
-cudaError_t DecodeCtasPerSM(int head_dim, int group_size, int* ctas, int* num_sms) {
-  DecodeLaunch l;
-  cudaError_t err = cudaErrorInvalidValue;
-  const int bucket = decode_group_bucket(group_size);
-  auto go = [&](auto hd) {
-    constexpr int kD = decltype(hd)::value;
-    switch (bucket) {
-      case 1: err = decode_launch_shape<T, kD, 1>(&l); break;
-      case 2: err = decode_launch_shape<T, kD, 2>(&l); break;
-      case 4: err = decode_launch_shape<T, kD, 4>(&l); break;
-      default: err = decode_launch_shape<T, kD, 8>(&l); break;
-    }
-    return Status::kSuccess;
-  };
-  if (with_int<64, 128, 256>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
-  if (err != cudaSuccess) return err;
-  DeviceInfo dev;
-  FLASHINFER_CUDA_TRY(current_device_info(&dev));
-  *num_sms = dev.num_sms;
-  *ctas = static_cast<int>(l.grid / dev.num_sms);
-  return cudaSuccess;
-}
-
 }  // namespace attention
 }  // namespace flashinfer

@@ -1,0 +1,139 @@
+// Launch shapes and dispatch of the decode kernels (CUDA-core in decode.cuh, tensor-core in
+// decode_tc.cuh): persistent grid size, pipeline depth and shared memory per device, and the
+// head_dim / q-head-bucket / path dispatch the bindings instantiate.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../dispatch.h"
+#include "../occupancy.h"
+#include "../utils.cuh"
+#include "decode.cuh"
+#include "decode_tc.cuh"
+
+namespace flashinfer {
+namespace attention {
+
+// Launch shape of a decode kernel on the current device: persistent grid size, stages and
+// shared memory. Independent of the plan (CUDA-graph replays reuse it with new plans).
+constexpr int kMaxStages = 16;  // cp_async::wait supports up to 15 groups in flight
+
+struct DecodeLaunch {
+  int64_t grid = 1;
+  int stages = 2;
+  int64_t smem = 0;
+  int64_t merge_grid = 1;
+};
+
+// kernel: the decode kernel to size; stage_bytes / merge_smem: its shared memory needs.
+template <auto kernel>
+cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeLaunch* l) {
+  int device = 0;
+  FLASHINFER_CUDA_TRY(cudaGetDevice(&device));
+  DeviceInfo dev;
+  FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
+  StreamConfig c =
+      stream_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), stage_bytes, kMaxStages);
+  // the merge scratch aliases the stages: use the larger of the two
+  c.smem = c.smem > merge_smem ? c.smem : merge_smem;
+  const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);
+  l->stages = c.stages;
+  l->smem = c.smem;
+  l->grid = int64_t{dev.num_sms} * (bps > 0 ? bps : 1);
+  l->merge_grid = int64_t{dev.num_sms} * 4;
+  return ensure_dynamic_smem<kernel>(c.smem, device);
+}
+
+// Launches decode (+ the merge when `launch_merge`) for head_dim kHeadDim and a q-head
+// bucket kG >= min(group_size, 8). `grid` 0: the device's persistent grid.
+// Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
+// (ROPE_LLAMA) and head_dim 256 (its 128 fp32 accumulators per thread would spill), which
+// stay on the CUDA-core kernel with q-head bucket kG.
+inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim) {
+  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
+}
+
+template <typename T, int kHeadDim, int kG>
+cudaError_t decode_shape_for(bool tc, DecodeLaunch* l) {
+  if constexpr (kHeadDim <= 128) {
+    if (tc) {
+      return decode_launch_shape<DecodeTCKernel<T, kHeadDim>>(decode_tc_stage_bytes(kHeadDim),
+                                                              decode_tc_merge_smem(kHeadDim), l);
+    }
+  }
+  return decode_launch_shape<DecodeKernel<T, kHeadDim, kG>>(kDecodeStageBytes, decode_merge_smem(kHeadDim), l);
+}
+
+template <typename T, int kHeadDim, int kG>
+cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
+                             cudaStream_t stream) {
+  const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim);
+  DecodeLaunch l;
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, &l)));
+  const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
+  bool launched = false;
+  if constexpr (kHeadDim <= 128) {
+    if (tc) {
+      FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim>, dim3(static_cast<unsigned>(grid)),
+                                 dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+      launched = true;
+    }
+  }
+  if (!launched) {
+    FLASHINFER_CUDA_TRY(launch(DecodeKernel<T, kHeadDim, kG>, dim3(static_cast<unsigned>(grid)),
+                               dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+  }
+  if (!launch_merge) return cudaSuccess;
+  return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(l.merge_grid)), dim3(kDecodeThreads), 0,
+                stream, p.pdl, p);
+}
+
+// Dispatch on head_dim and the q-head bucket. max_grid > 0 caps the decode grid (the
+// number of work items when it is known to be small); CUDA-graph users pass 0.
+template <typename T>
+cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  const int bucket = decode_group_bucket(p.group_size);
+  cudaError_t err = cudaErrorInvalidValue;
+  auto go = [&](auto hd) {
+    constexpr int kD = decltype(hd)::value;
+    switch (bucket) {
+      case 1: err = DecodeDispatched<T, kD, 1>(p, use_tc, launch_merge, max_grid, stream); break;
+      case 2: err = DecodeDispatched<T, kD, 2>(p, use_tc, launch_merge, max_grid, stream); break;
+      case 4: err = DecodeDispatched<T, kD, 4>(p, use_tc, launch_merge, max_grid, stream); break;
+      default: err = DecodeDispatched<T, kD, 8>(p, use_tc, launch_merge, max_grid, stream); break;
+    }
+    return Status::kSuccess;
+  };
+  if (with_int<64, 128, 256>(p.head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
+  return err;
+}
+
+// CTAs of the decode kernel resident per SM on the current device (the planner's input).
+template <typename T>
+cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms) {
+  const bool tc = decode_uses_tc(use_tc, pos, head_dim);
+  DecodeLaunch l;
+  cudaError_t err = cudaErrorInvalidValue;
+  const int bucket = decode_group_bucket(group_size);
+  auto go = [&](auto hd) {
+    constexpr int kD = decltype(hd)::value;
+    switch (bucket) {
+      case 1: err = decode_shape_for<T, kD, 1>(tc, &l); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, &l); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, &l); break;
+      default: err = decode_shape_for<T, kD, 8>(tc, &l); break;
+    }
+    return Status::kSuccess;
+  };
+  if (with_int<64, 128, 256>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (err != cudaSuccess) return err;
+  DeviceInfo dev;
+  FLASHINFER_CUDA_TRY(current_device_info(&dev));
+  *num_sms = dev.num_sms;
+  *ctas = static_cast<int>(l.grid / dev.num_sms);
+  return cudaSuccess;
+}
+
+}  // namespace attention
+}  // namespace flashinfer
