@@ -12,6 +12,7 @@
 #include <string>
 
 #include "flashinfer/layout.h"
+#include "flashinfer/utils.cuh"
 
 namespace flashinfer_bind {
 
@@ -150,10 +151,12 @@ struct Checker {
 }
 
 // Makes `device` current for the scope of a call, restoring the caller's device after.
+// flashinfer::current_device() answers from a per-thread cache keyed by the driver context,
+// so the common case (the tensors' device is already current) makes no runtime call.
 class DeviceGuard {
  public:
   DeviceGuard(const char* op, int device) {
-    cudaError_t err = cudaGetDevice(&prev_);
+    cudaError_t err = flashinfer::current_device(&prev_);
     if (err != cudaSuccess) throw_cuda(op, err);
     if (prev_ != device) {
       err = cudaSetDevice(device);

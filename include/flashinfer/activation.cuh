@@ -108,6 +108,7 @@ __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chu
       }
     }
     // every thread is done with this stage before thread 0 refills it
+    bulk::fence_proxy_async();
     __syncthreads();
     s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
   }
@@ -142,7 +143,7 @@ cudaError_t ActAndMulDispatched(const ActParams<T>& p, const ActShape& l, cudaSt
   if (l.vec_elems > 1) {
     constexpr auto kernel = ActAndMulPipelinedKernel<T, kKind>;
     int device = 0;
-    FLASHINFER_CUDA_TRY(cudaGetDevice(&device));
+    FLASHINFER_CUDA_TRY(current_device(&device));
     DeviceInfo dev;
     FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
     const StreamConfig c =

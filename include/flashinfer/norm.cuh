@@ -218,6 +218,7 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
         if constexpr (kFused) rv[i] = *reinterpret_cast<const Vec<T, kE>*>(slot(s_cur, 1, i));
       }
     }
+    bulk::fence_proxy_async();  // these reads precede the stage's async refill (after the barriers below)
     detail::normalize_row<T, WT, kVecs, kKind>(p, row, true, xv, rv, t, nt, false, red);
     s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
   }
@@ -284,7 +285,7 @@ template <NormKind kKind, int kVecs, typename T, typename WT>
 cudaError_t NormPipelined(const NormParams<T, WT>& p, const NormShape& l, cudaStream_t stream) {
   constexpr auto kernel = NormPipelinedKernel<T, WT, kVecs, kKind>;
   int device = 0;
-  FLASHINFER_CUDA_TRY(cudaGetDevice(&device));
+  FLASHINFER_CUDA_TRY(current_device(&device));
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
   const StreamConfig c =

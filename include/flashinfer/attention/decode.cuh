@@ -160,20 +160,16 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * 8;
     const bool paged = p.contiguous_len < 0;
     const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
-    // Page id of key t (its row in the cache for contiguous sequences).
-    auto page_row = [&](int64_t t, int64_t* entry) -> int64_t {
-      if (!paged) {
-        *entry = t;
-        return 0;
-      }
-      *entry = t % p.kv.page_size;
-      return p.kv.indices[page_base + t / p.kv.page_size];
+    // The page id of the key a thread copies next is loaded one iteration early, so the
+    // index load's latency hides behind a tile of compute.
+    auto next_page = [&](int64_t tile) -> int64_t {
+      const int64_t t = lo + tile * kTy + ty;
+      return paged && tile < num_tiles && t < hi ? int64_t{p.kv.indices[page_base + t / p.kv.page_size]} : 0;
     };
-    auto issue = [&](int64_t tile, int s) {
+    auto issue = [&](int64_t tile, int s, int64_t page) {
       const int64_t t = lo + tile * kTy + ty;
       if (tile < num_tiles && t < hi) {
-        int64_t entry;
-        const int64_t page = page_row(t, &entry);
+        const int64_t entry = paged ? t % p.kv.page_size : t;
         cp_async::copy16(k_slots + s * kDecodeThreads + threadIdx.x,
                          kbase + page * p.kv.stride_page + entry * p.kv.stride_n);
         cp_async::copy16(v_slots + s * kDecodeThreads + threadIdx.x,
@@ -189,10 +185,12 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       FLASHINFER_UNROLL
       for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
 
-    for (int s = 0; s + 1 < stages; ++s) issue(s, s);
+    for (int s = 0; s + 1 < stages; ++s) issue(s, s, next_page(s));
+    int64_t page = next_page(stages - 1);
     int s_cur = 0;
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1);
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, page);
+      page = next_page(tile + stages);  // consumed by the next iteration's issue
       cp_async::wait(stages - 1);
       const int64_t t = lo + tile * kTy + ty;
       const bool valid = t < hi;

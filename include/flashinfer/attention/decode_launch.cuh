@@ -16,7 +16,8 @@ namespace attention {
 
 // Launch shape of a decode kernel on the current device: persistent grid size, stages and
 // shared memory. Independent of the plan (CUDA-graph replays reuse it with new plans).
-constexpr int kMaxStages = 16;  // cp_async::wait supports up to 15 groups in flight
+constexpr int kMaxStages = 16;
+constexpr int64_t kMinDecodeInflight = 96 * 1024;  // cp_async::wait supports up to 15 groups in flight
 
 struct DecodeLaunch {
   int64_t grid = 1;
@@ -29,11 +30,12 @@ struct DecodeLaunch {
 template <auto kernel>
 cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeLaunch* l) {
   int device = 0;
-  FLASHINFER_CUDA_TRY(cudaGetDevice(&device));
+  FLASHINFER_CUDA_TRY(current_device(&device));
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
-  StreamConfig c =
-      stream_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), stage_bytes, kMaxStages);
+  // Decode is latency-bound as much as bandwidth-bound: prefer resident CTAs over depth.
+  StreamConfig c = occupancy_first_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), stage_bytes,
+                                          kMaxStages, kMinDecodeInflight);
   // the merge scratch aliases the stages: use the larger of the two
   c.smem = c.smem > merge_smem ? c.smem : merge_smem;
   const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);

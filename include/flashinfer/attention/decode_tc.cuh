@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../bulk_copy.cuh"
 #include "../cp_async.cuh"
 #include "../math.cuh"
 #include "../mma.cuh"
@@ -19,28 +20,33 @@ namespace attention {
 
 constexpr int kTcTile = 64;  // keys per pipeline stage (16 per warp)
 constexpr int kTcWarps = kDecodeThreads / 32;
+constexpr int kMaxTcStages = 16;
 
+// Key rows are padded by 16 bytes in shared memory, so the 8 rows an ldmatrix phase reads
+// start in 8 different 16-byte bank groups (and a bulk copy can write a row as it is).
+FLASHINFER_HOST_DEVICE constexpr int decode_tc_row_bytes(int head_dim) { return head_dim * 2 + 16; }
 // Shared memory of one stage (K and V tiles) and of the epilogue scratch.
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim) { return int64_t{2} * kTcTile * head_dim * 2; }
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim) {
+  return int64_t{2} * kTcTile * decode_tc_row_bytes(head_dim);
+}
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
   return int64_t{kTcWarps} * kDecodeMaxGroup * (head_dim + 2) * 4;
 }
 
 namespace detail {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][kHeadDim] tile whose chunks
-// are XOR-swizzled by row % 8, so the 8 rows an ldmatrix phase reads hit 8 different banks.
+// Byte offset of 16-byte chunk `chunk` of row `row` in a padded [rows][kHeadDim] tile.
 template <int kHeadDim>
 FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * kHeadDim * 2 + ((chunk ^ (row & 7)) << 4));
+  return static_cast<uint32_t>(row * decode_tc_row_bytes(kHeadDim) + (chunk << 4));
 }
 
 }  // namespace detail
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodeParams<T> p, const int stages) {
-  static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
+  static_assert(kHeadDim % 16 == 0, "MMA k-steps of 16");
+  [[maybe_unused]] constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kNTiles = kHeadDim / 8;  // output column tiles
   constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim);
@@ -52,6 +58,16 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
   const bool soft_cap = p.soft_cap > 0.f;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
   const float cap_log2 = p.soft_cap * detail::kLog2e;
+
+#ifdef FLASHINFER_HAS_BULK_COPY
+  __shared__ uint64_t bars[kMaxTcStages];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) bulk::mbarrier_init(&bars[s], 1);
+    bulk::fence_init();
+  }
+  __syncthreads();
+#endif
+  uint32_t phases = 0;  // bit s: parity of stage s's next barrier phase
 
   pdl_wait();
   const int64_t n_items = p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
@@ -87,49 +103,97 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     const bool paged = p.contiguous_len < 0;
     const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
     const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
-    auto issue = [&](int64_t tile, int s) {
+    // Keys past hi are copied from key hi - 1 (finite data, masked to p = 0), so every row of
+    // a stage is written and no NaN can enter P * V.
+    auto row_offsets = [&](int64_t tile, int row, int32_t page, int64_t* off_k, int64_t* off_v) {
+      const int64_t t = min(lo + tile * kTcTile + row, hi - 1);
+      const int64_t pg = paged ? page : 0;
+      const int64_t entry = paged ? static_cast<int>(t) % page_size : t;
+      *off_k = pg * p.kv.stride_page + entry * p.kv.stride_n;
+      *off_v = pg * p.v_stride_page + entry * p.v_stride_n;
+    };
+    auto page_of = [&](int64_t tile, int row) -> int32_t {
+      const int64_t t = min(lo + tile * kTcTile + row, hi - 1);
+      return paged && tile < num_tiles ? p.kv.indices[page_base + static_cast<int>(t) / page_size] : 0;
+    };
+#ifdef FLASHINFER_HAS_BULK_COPY
+    // sm_90+: warp 0 streams each key row (K and V) with one bulk copy per row; the stage's
+    // mbarrier counts the bytes in. Page ids are loaded one tile ahead of their copies.
+    constexpr int kRowsPerLane = kTcTile / 32;
+    constexpr uint32_t kStageTx = 2u * kTcTile * kHeadDim * 2;
+    auto load_pages = [&](int64_t tile, int32_t* pages) {
+      if (warp != 0) return;
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kRowsPerLane; ++i) pages[i] = page_of(tile, i * 32 + lane);
+    };
+    auto issue = [&](int64_t tile, int s, const int32_t* pages) {
+      if (warp != 0 || tile >= num_tiles) return;
+      char* ks_ = smem + s * kStage;
+      char* vs_ = ks_ + kStage / 2;
+      if (lane == 0) {
+        bulk::fence_proxy_async();
+        bulk::arrive_expect_tx(&bars[s], kStageTx);
+      }
+      __syncwarp();
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kRowsPerLane; ++i) {
+        const int row = i * 32 + lane;
+        int64_t off_k, off_v;
+        row_offsets(tile, row, pages[i], &off_k, &off_v);
+        bulk::copy(ks_ + detail::swz<kHeadDim>(row, 0), kbase + off_k, kHeadDim * 2, &bars[s]);
+        bulk::copy(vs_ + detail::swz<kHeadDim>(row, 0), vbase + off_v, kHeadDim * 2, &bars[s]);
+      }
+    };
+    auto landed = [&](int s, int64_t) {
+      bulk::wait_parity(&bars[s], (phases >> s) & 1u);
+      phases ^= 1u << s;  // each use of a stage completes one phase of its barrier
+    };
+    constexpr int kPagesPerThread = kRowsPerLane;
+#else
+    // cp.async: every thread copies 16-byte chunks of kTcTile * kChunks / threads rows.
+    constexpr int kPagesPerThread = kTcTile * kChunks / kDecodeThreads;
+    auto load_pages = [&](int64_t tile, int32_t* pages) {
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kPagesPerThread; ++i) pages[i] = page_of(tile, (i * kDecodeThreads + threadIdx.x) / kChunks);
+    };
+    auto issue = [&](int64_t tile, int s, const int32_t* pages) {
       if (tile < num_tiles) {
         char* ks_ = smem + s * kStage;
         char* vs_ = ks_ + kStage / 2;
         FLASHINFER_UNROLL
-        for (int i = 0; i < kTcTile * kChunks / kDecodeThreads; ++i) {
+        for (int i = 0; i < kPagesPerThread; ++i) {
           const int idx = i * kDecodeThreads + threadIdx.x;
           const int row = idx / kChunks, chunk = idx % kChunks;
-          const int64_t t = lo + tile * kTcTile + row;
-          const bool valid = t < hi;
-          int64_t off_k = 0, off_v = 0;
-          if (valid) {
-            int64_t page, entry;
-            if (paged) {
-              const int tt = static_cast<int>(t);
-              page = p.kv.indices[page_base + tt / page_size];
-              entry = tt % page_size;
-            } else {
-              page = 0;
-              entry = t;
-            }
-            off_k = page * p.kv.stride_page + entry * p.kv.stride_n + chunk * 8;
-            off_v = page * p.v_stride_page + entry * p.v_stride_n + chunk * 8;
-          }
-          const uint32_t so = detail::swz<kHeadDim>(row, chunk);
-          cp_async::copy16_or_zero(ks_ + so, kbase + off_k, valid);
-          cp_async::copy16_or_zero(vs_ + so, vbase + off_v, valid);
+          int64_t off_k, off_v;
+          row_offsets(tile, row, pages[i], &off_k, &off_v);
+          cp_async::copy16(ks_ + detail::swz<kHeadDim>(row, chunk), kbase + off_k + chunk * 8);
+          cp_async::copy16(vs_ + detail::swz<kHeadDim>(row, chunk), vbase + off_v + chunk * 8);
         }
       }
       cp_async::commit();
     };
+    auto landed = [&](int, int64_t) {
+      cp_async::wait(stages - 1);
+      __syncthreads();  // every thread's copies of this stage have landed
+    };
+#endif
 
     float m = neg_inf(), d = 0.f;  // online softmax of row grp (log2 units); d is this thread's share
     float o[kNTiles][4];
     FLASHINFER_UNROLL
     for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-    for (int s = 0; s + 1 < stages; ++s) issue(s, s);
+    int32_t pages[kPagesPerThread];
+    for (int s = 0; s + 1 < stages; ++s) {
+      load_pages(s, pages);
+      issue(s, s, pages);
+    }
+    load_pages(stages - 1, pages);
     int s_cur = 0;
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1);
-      cp_async::wait(stages - 1);
-      __syncthreads();  // every thread's copies of this stage have landed
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pages);
+      load_pages(tile + stages, pages);  // consumed by the next iteration's issue
+      landed(s_cur, tile);
       const char* ks_ = smem + s_cur * kStage;
       const char* vs_ = ks_ + kStage / 2;
       const int row0 = warp * 16;  // this warp's 16 keys of the tile
@@ -189,10 +253,13 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
         mma::mma_16816<T>(o[n], pa, vb);
         mma::mma_16816<T>(o[n + 1], pa, vb + 2);
       }
-      __syncthreads();  // the stage is refilled by the next iteration's issue
+      bulk::fence_proxy_async();  // these generic reads precede the stage's async refill
+      __syncthreads();            // the stage is refilled by the next iteration's issue
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
+#ifndef FLASHINFER_HAS_BULK_COPY
     cp_async::wait(0);
+#endif
     __syncthreads();
 
     // Per-warp states of rows grp < ng to the scratch, then the shared epilogue.
@@ -214,6 +281,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     }
     __syncthreads();
     detail::write_merged<T, kHeadDim, kTcWarps>(p, it, qh0, ng, so, sm, sd);
+    bulk::fence_proxy_async();  // the scratch writes precede the next item's async copies
     __syncthreads();
   }
   pdl_launch_dependents();
