@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "config.h"
+#include "status.h"
 
 namespace flashinfer {
 
@@ -61,5 +62,149 @@ FLASHINFER_HOST_DEVICE PageStrides dense_page_strides(QKVLayout layout, int64_t 
   if (layout == QKVLayout::kNHD) return {page_size * num_heads * head_dim, num_heads * head_dim, head_dim};
   return {page_size * num_heads * head_dim, head_dim, page_size * head_dim};
 }
+
+// ---- Bounds-checked index math: the append kernel and get_batch_indices_positions -------
+
+// Why a (request, position) has no slot in the cache; bits, 0 = located.
+enum PageIndexError : int32_t {
+  kBadBatchIndex = 1,   // b outside [0, batch_size)
+  kBadPosition = 2,     // pos < 0
+  kPageNotInTable = 4,  // pos / page_size is not one of request b's pages (indptr too small, or corrupt)
+  kBadPageId = 8,       // the page id in `indices` is outside [0, max_num_pages)
+};
+
+// locate() for kernels that must never touch memory outside the cache, whatever the page table
+// holds. num_indices: elements of `indices`; max_num_pages: pages of the cache tensor. On
+// success returns 0 and the page id and entry of token `pos` of request `b`.
+template <typename DType, typename IdType>
+FLASHINFER_HOST_DEVICE int32_t locate_checked(const PagedKV<DType, IdType>& kv, int64_t b, int64_t pos,
+                                              int64_t num_indices, int64_t max_num_pages, int64_t* page,
+                                              int64_t* entry) {
+  if (b < 0 || b >= kv.batch_size) return kBadBatchIndex;
+  if (pos < 0) return kBadPosition;
+  const int64_t begin = int64_t(kv.indptr[b]), end = int64_t(kv.indptr[b + 1]);
+  const int64_t slot = begin + pos / kv.page_size;
+  if (begin < 0 || slot >= end || slot >= num_indices) return kPageNotInTable;
+  const int64_t id = int64_t(kv.indices[slot]);
+  if (id < 0 || id >= max_num_pages) return kBadPageId;
+  *page = id;
+  *entry = pos % kv.page_size;
+  return 0;
+}
+
+// get_batch_indices_positions for entry e of an append: the request b whose range
+// [append_indptr[b], append_indptr[b+1]) holds e (the last b with append_indptr[b] <= e, so empty
+// requests are skipped), and its position seq_lens[b] - (its append length) + (e - append_indptr[b]).
+// Returns false when no request holds e (e beyond append_indptr[batch_size], or a corrupt indptr).
+template <typename IdType, typename SeqT>
+FLASHINFER_HOST_DEVICE bool append_entry_position(const IdType* append_indptr, const SeqT* seq_lens,
+                                                  int64_t batch_size, int64_t e, int64_t* b, int64_t* pos) {
+  if (batch_size <= 0) return false;
+  int64_t lo = 0, hi = batch_size;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (int64_t(append_indptr[mid]) <= e) lo = mid; else hi = mid;
+  }
+  const int64_t begin = int64_t(append_indptr[lo]), end = int64_t(append_indptr[lo + 1]);
+  if (e < begin || e >= end) return false;
+  *b = lo;
+  *pos = int64_t(seq_lens[lo]) - (end - begin) + (e - begin);
+  return true;
+}
+
+namespace paged_kv {
+
+// append_paged_kv_cache: key[i] -> K and value[i] -> V at (page, entry) of token positions[i]
+// of request batch_indices[i], all heads. A pure copy, so T is a storage type of the element
+// size (uint16_t for fp16/bf16, uint8_t for fp8): no conversion, two instantiations.
+template <typename T, typename IdType>
+struct AppendPagedKVParams {
+  PagedKV<T, IdType> kv;        // the cache (k_data/v_data, strides) and its page table
+  const T* key;                 // [nnz, num_heads, head_dim] via key_stride_n/h
+  const T* value;               // [nnz, num_heads, head_dim] via value_stride_n/h
+  const IdType* batch_indices;  // [nnz]
+  const IdType* positions;      // [nnz]
+  int64_t nnz;
+  int64_t key_stride_n, key_stride_h, value_stride_n, value_stride_h;
+  int64_t num_indices;    // elements of kv.indices
+  int64_t max_num_pages;  // pages of the cache tensor
+  int32_t* err;           // [2] or null: index errors recorded by index_check.h (opt-in)
+};
+
+// Thread = (token, slot): a slot moves vectors j and j + slots of the token's K row and the
+// same of its V row (4 loads in flight), j over [0, heads * head_dim / E). The token's page
+// lookup is done once per thread; with E = 8 and 8 heads x 128 a token takes 64 threads.
+constexpr int kAppendVecsPerThread = 2;
+constexpr int kAppendThreads = 256;
+
+struct AppendLaunch {
+  bool vectorized = false;
+  int vec_elems = 1;
+  int64_t vecs_per_head = 0;
+  int64_t vecs_per_token = 0;
+  int64_t slots_per_token = 0;
+  int threads = kAppendThreads;
+  int64_t blocks = 0;
+};
+
+// vec_elems: elements of a 16-byte vector. aligned16: key/value/cache bases 16-byte aligned
+// and all their strides multiples of vec_elems.
+inline AppendLaunch append_launch_config(int64_t nnz, int64_t num_heads, int64_t head_dim, int vec_elems,
+                                         bool aligned16) {
+  AppendLaunch l;
+  l.vectorized = aligned16 && vec_elems > 1 && head_dim % vec_elems == 0;
+  l.vec_elems = l.vectorized ? vec_elems : 1;
+  l.vecs_per_head = head_dim / l.vec_elems;
+  l.vecs_per_token = num_heads * l.vecs_per_head;
+  l.slots_per_token = ceil_div<int64_t>(l.vecs_per_token, kAppendVecsPerThread);
+  l.blocks = ceil_div<int64_t>(nnz * l.slots_per_token, l.threads);
+  return l;
+}
+
+template <typename T, typename IdType>
+Status validate(const AppendPagedKVParams<T, IdType>& p) {
+  const PagedKV<T, IdType>& kv = p.kv;
+  if (p.nnz < 0 || kv.batch_size < 0 || kv.page_size <= 0 || kv.num_heads < 0 || kv.head_dim < 0)
+    return Status::kInvalidArgument;
+  if (p.num_indices < 0 || p.max_num_pages < 0) return Status::kInvalidArgument;
+  if (p.nnz == 0 || kv.num_heads == 0 || kv.head_dim == 0) return Status::kSuccess;
+  if (!kv.k_data || !kv.v_data || !kv.indptr || (p.num_indices > 0 && !kv.indices)) return Status::kInvalidArgument;
+  if (!p.key || !p.value || !p.batch_indices || !p.positions) return Status::kInvalidArgument;
+  const AppendLaunch l = append_launch_config(p.nnz, kv.num_heads, kv.head_dim, 1, false);
+  if (l.blocks > (int64_t{1} << 31) - 1) return Status::kUnsupported;
+  // the kernel indexes a token's vectors in 32 bits
+  if (l.vecs_per_token * kAppendVecsPerThread >= (int64_t{1} << 32)) return Status::kUnsupported;
+  return Status::kSuccess;
+}
+
+// get_batch_indices_positions: batch_indices[e] = b (or -1 when no request holds e) and
+// positions[e] for every e < nnz; positions of unheld entries are zeroed when zero_unheld.
+template <typename IdType, typename SeqT>
+struct BatchIndicesPositionsParams {
+  const IdType* append_indptr;  // [batch_size + 1]
+  const SeqT* seq_lens;         // [batch_size]
+  int32_t* batch_indices;       // [nnz]
+  int32_t* positions;           // [nnz]
+  int64_t batch_size;
+  int64_t nnz;
+  bool zero_unheld;
+};
+
+// The same on the host (CPU tensors), entry by entry.
+template <typename IdType, typename SeqT>
+void batch_indices_positions_host(const BatchIndicesPositionsParams<IdType, SeqT>& p) {
+  for (int64_t e = 0; e < p.nnz; ++e) {
+    int64_t b = 0, pos = 0;
+    if (append_entry_position(p.append_indptr, p.seq_lens, p.batch_size, e, &b, &pos)) {
+      p.batch_indices[e] = static_cast<int32_t>(b);
+      p.positions[e] = static_cast<int32_t>(pos);
+    } else {
+      p.batch_indices[e] = -1;
+      if (p.zero_unheld) p.positions[e] = 0;
+    }
+  }
+}
+
+}  // namespace paged_kv
 
 }  // namespace flashinfer

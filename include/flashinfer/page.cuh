@@ -1,0 +1,126 @@
+// Paged KV-cache append and get_batch_indices_positions: kernels and launchers. The index
+// math (locate_checked, append_entry_position) and the Params live in page.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "index_check.h"
+#include "page.h"
+#include "utils.cuh"
+
+namespace flashinfer {
+namespace paged_kv {
+
+namespace detail {
+
+// The unit one thread moves: a raw 16-byte vector (kE = 16 / sizeof(T)) or one element.
+// Raw uint4 rather than Vec<T, kE>: Vec<uint8_t, 16> would live in 16 byte registers.
+template <typename T, int kE>
+using AppendUnit = std::conditional_t<kE == 1, T, uint4>;
+
+template <typename U>
+FLASHINFER_DEVICE U load_once(const U* p) {
+  if constexpr (sizeof(U) == 16) {
+    return __ldcs(reinterpret_cast<const uint4*>(p));  // streaming: read once
+  } else {
+    return *p;
+  }
+}
+
+}  // namespace detail
+
+// Thread = (token i, slot s), see AppendLaunch. The K/V loads do not depend on the page lookup,
+// so they are issued before it and the lookup's dependent loads (indptr, then indices) overlap
+// them. A token whose (batch index, position) has no page in the table is skipped.
+template <typename T, typename IdType, int kE>
+__global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, const AppendLaunch l) {
+  using U = detail::AppendUnit<T, kE>;
+  static_assert(sizeof(U) == kE * sizeof(T), "a unit is kE elements");
+  constexpr int kV = kAppendVecsPerThread;
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  // 32-bit division where it fits (a 64-bit one is a ~60-instruction subroutine)
+  const int64_t i = idx <= 0xffffffffLL ? int64_t{static_cast<uint32_t>(idx) / static_cast<uint32_t>(l.slots_per_token)}
+                                        : idx / l.slots_per_token;
+  const int64_t s = idx - i * l.slots_per_token;
+  if (i >= p.nnz) return;
+  const int64_t b = static_cast<int64_t>(p.batch_indices[i]);
+  const int64_t pos = static_cast<int64_t>(p.positions[i]);
+
+  U kvec[kV], vvec[kV];
+  int64_t head[kV], feat[kV];
+  FLASHINFER_UNROLL
+  for (int m = 0; m < kV; ++m) {
+    const int64_t j = s + m * l.slots_per_token;  // < 2 * vecs_per_token: 32 bits suffice
+    head[m] = int64_t{static_cast<uint32_t>(j) / static_cast<uint32_t>(l.vecs_per_head)};
+    feat[m] = (j - head[m] * l.vecs_per_head) * kE;
+    if (j < l.vecs_per_token) {
+      kvec[m] = detail::load_once(reinterpret_cast<const U*>(p.key + i * p.key_stride_n + head[m] * p.key_stride_h +
+                                                             feat[m]));
+      vvec[m] = detail::load_once(reinterpret_cast<const U*>(p.value + i * p.value_stride_n +
+                                                             head[m] * p.value_stride_h + feat[m]));
+    }
+  }
+  int64_t page = 0, entry = 0;
+  const int32_t bad = locate_checked(p.kv, b, pos, p.num_indices, p.max_num_pages, &page, &entry);
+  if (bad) {
+    if (s == 0) record_index_error(p.err, bad, i);
+    return;
+  }
+  FLASHINFER_UNROLL
+  for (int m = 0; m < kV; ++m) {
+    if (s + m * l.slots_per_token >= l.vecs_per_token) continue;
+    const int64_t off = p.kv.offset(page, entry, head[m]) + feat[m];
+    // default caching: attention reads these next
+    *reinterpret_cast<U*>(p.kv.k_data + off) = kvec[m];
+    *reinterpret_cast<U*>(p.kv.v_data + off) = vvec[m];
+  }
+}
+
+template <typename IdType, typename SeqT>
+__global__ void BatchIndicesPositionsKernel(const BatchIndicesPositionsParams<IdType, SeqT> p) {
+  const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (e >= p.nnz) return;
+  int64_t b = 0, pos = 0;
+  if (append_entry_position(p.append_indptr, p.seq_lens, p.batch_size, e, &b, &pos)) {
+    p.batch_indices[e] = static_cast<int32_t>(b);
+    p.positions[e] = static_cast<int32_t>(pos);
+  } else {
+    p.batch_indices[e] = -1;
+    if (p.zero_unheld) p.positions[e] = 0;
+  }
+}
+
+// Launches the append on `stream`. T: uint16_t (fp16/bf16) or uint8_t (fp8) storage.
+template <typename T, typename IdType>
+cudaError_t AppendPagedKV(const AppendPagedKVParams<T, IdType>& p, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (p.nnz == 0 || p.kv.num_heads == 0 || p.kv.head_dim == 0) return cudaSuccess;
+  constexpr int kE = 16 / sizeof(T);
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  auto mult = [](int64_t s) { return s % kE == 0; };
+  const bool aligned16 = aligned(p.key) && aligned(p.value) && aligned(p.kv.k_data) && aligned(p.kv.v_data) &&
+                         mult(p.key_stride_n) && mult(p.key_stride_h) && mult(p.value_stride_n) &&
+                         mult(p.value_stride_h) && mult(p.kv.stride_page) && mult(p.kv.stride_n) &&
+                         mult(p.kv.stride_h);
+  const AppendLaunch l = append_launch_config(p.nnz, p.kv.num_heads, p.kv.head_dim, kE, aligned16);
+  const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
+  if (l.vectorized) return launch(AppendPagedKVKernel<T, IdType, kE>, grid, block, 0, stream, false, p, l);
+  return launch(AppendPagedKVKernel<T, IdType, 1>, grid, block, 0, stream, false, p, l);
+}
+
+template <typename IdType, typename SeqT>
+cudaError_t BatchIndicesPositions(const BatchIndicesPositionsParams<IdType, SeqT>& p, cudaStream_t stream) {
+  if (p.nnz < 0 || p.batch_size < 0) return cudaErrorInvalidValue;
+  if (p.nnz == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const int64_t blocks = ceil_div<int64_t>(p.nnz, kThreads);
+  if (blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  return launch(BatchIndicesPositionsKernel<IdType, SeqT>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                stream, false, p);
+}
+
+}  // namespace paged_kv
+}  // namespace flashinfer

@@ -1,0 +1,196 @@
+"""Rotary position embedding (FlashInfer-compatible ``flashinfer.rope``).
+
+``q [nnz, num_q_heads, head_dim]`` and ``k [nnz, num_k_heads, head_dim]`` (float16/bfloat16,
+last dimension contiguous, other strides free, e.g. views of a packed QKV buffer) are rotated
+over their first ``rotary_dim`` features (default: all); the rest are copied unchanged. The
+rotation of a pair ``(a, b)`` by angle ``theta`` is ``(a cos - b sin, b cos + a sin)`` in fp32:
+
+* ``interleave=False`` (NeoX, rotate-half): pairs ``(d, d + rotary_dim/2)``;
+* ``interleave=True`` (GPT-J): pairs ``(2d, 2d + 1)``;
+
+and pair ``d`` turns by ``theta = pos * inv_freq_d``, computed in fp32 from the fp32-rounded
+``inv_freq_d = rope_theta ** (-2d / rotary_dim) / rope_scale`` (Llama-3.1 variants smooth it,
+see :func:`apply_llama31_rope`), with an accurate ``sincos``. Positions come either from
+``pos_ids [nnz]`` or, in the ragged form, from ``indptr [B+1]`` / ``offsets [B]``: token ``t``
+of segment ``b`` has position ``offsets[b] + t - indptr[b]``. Index tensors are int32 or int64.
+
+Bad indices: a token outside every ``indptr`` segment, or (cos/sin-cache form) a position
+outside ``[0, cos_sin_cache.shape[0])``, is skipped on the device (nothing is read or written
+for it). Set ``FLASHINFER_CHECK_INDICES=1`` to have the call raise ``ValueError`` naming it
+instead (this synchronizes the host; see ``flashinfer._index_check``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from . import _index_check, _rope
+from ._ext import framework_of, to_dlpack
+
+__all__ = [
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+]
+
+_ic = _index_check
+
+
+def _err(fw: Any, like: Any) -> Any:
+    """The error record's DLPack export (callers test ``_ic.enabled`` first: no call when off)."""
+    buf = _ic.error_buffer(fw, like)
+    return None if buf is None else fw.to_dlpack(buf)
+
+
+# --- indptr / offsets form -------------------------------------------------------------------
+
+def apply_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None,
+                       interleave: bool = False, rope_scale: float = 1, rope_theta: float = 1e4) -> None:
+    r"""Applies RoPE to ``q`` and ``k`` in place; positions from ``indptr``/``offsets``.
+
+    q: ``[nnz, num_q_heads, head_dim]``; k: ``[nnz, num_k_heads, head_dim]``; indptr: ``[batch_size + 1]``;
+    offsets: ``[batch_size]`` (same int dtype). Token ``t`` of segment ``b`` has position
+    ``offsets[b] + t - indptr[b]``. rotary_dim: even, ``<= head_dim`` (``None``: head_dim).
+    """
+    fw = framework_of(q, "q")
+    _rope.apply_rope("apply_rope_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None, None,
+                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
+                     rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+
+
+def apply_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
+               rope_scale: float = 1, rope_theta: float = 1e4) -> Tuple[Any, Any]:
+    r"""As :func:`apply_rope_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
+    fw = framework_of(q, "q")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    dl = fw.to_dlpack
+    _rope.apply_rope("apply_rope", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope), None,
+                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
+                     rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    return q_rope, k_rope
+
+
+def apply_llama31_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None,
+                               interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
+                               low_freq_factor: float = 1, high_freq_factor: float = 4,
+                               old_context_len: int = 8192) -> None:
+    r"""Llama-3.1 RoPE in place (positions from ``indptr``/``offsets``).
+
+    With base frequency ``f_d = rope_theta ** (-2d / rotary_dim)``:
+    ``smooth = clamp((old_context_len * f_d / (2 pi) - low_freq_factor) / (high_freq_factor - low_freq_factor), 0, 1)``
+    and ``inv_freq_d = (1 - smooth) * f_d / rope_scale + smooth * f_d``: wavelengths longer than
+    ``old_context_len / low_freq_factor`` are stretched by ``rope_scale``, those shorter than
+    ``old_context_len / high_freq_factor`` are kept, smoothly in between.
+    """
+    fw = framework_of(q, "q")
+    _rope.apply_rope("apply_llama31_rope_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None, None,
+                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
+                     rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+                     _err(fw, q) if _ic.enabled else None)
+
+
+def apply_llama31_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None,
+                       interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
+                       low_freq_factor: float = 1, high_freq_factor: float = 4,
+                       old_context_len: int = 8192) -> Tuple[Any, Any]:
+    r"""As :func:`apply_llama31_rope_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
+    fw = framework_of(q, "q")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    dl = fw.to_dlpack
+    _rope.apply_rope("apply_llama31_rope", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope), None,
+                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
+                     rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+                     _err(fw, q) if _ic.enabled else None)
+    return q_rope, k_rope
+
+
+# --- pos_ids form ------------------------------------------------------------------------------
+
+def apply_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None,
+                               interleave: bool = False, rope_scale: float = 1, rope_theta: float = 1e4) -> None:
+    r"""Applies RoPE to ``q`` and ``k`` in place; token ``i`` has position ``pos_ids[i]`` (``[nnz]``,
+    int32 or int64)."""
+    fw = framework_of(q, "q")
+    _rope.apply_rope("apply_rope_pos_ids_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None,
+                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, False,
+                     1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+
+
+def apply_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
+                       rope_scale: float = 1, rope_theta: float = 1e4) -> Tuple[Any, Any]:
+    r"""As :func:`apply_rope_pos_ids_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
+    fw = framework_of(q, "q")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    dl = fw.to_dlpack
+    _rope.apply_rope("apply_rope_pos_ids", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope),
+                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, False,
+                     1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    return q_rope, k_rope
+
+
+def apply_llama31_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None,
+                                       interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
+                                       low_freq_factor: float = 1, high_freq_factor: float = 4,
+                                       old_context_len: int = 8192) -> None:
+    r"""Llama-3.1 RoPE in place, positions from ``pos_ids`` (see :func:`apply_llama31_rope_inplace`)."""
+    fw = framework_of(q, "q")
+    _rope.apply_rope("apply_llama31_rope_pos_ids_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None,
+                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, True,
+                     low_freq_factor, high_freq_factor, old_context_len,
+                     fw.stream(q), _err(fw, q) if _ic.enabled else None)
+
+
+def apply_llama31_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None,
+                               interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
+                               low_freq_factor: float = 1, high_freq_factor: float = 4,
+                               old_context_len: int = 8192) -> Tuple[Any, Any]:
+    r"""As :func:`apply_llama31_rope_pos_ids_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
+    fw = framework_of(q, "q")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    dl = fw.to_dlpack
+    _rope.apply_rope("apply_llama31_rope_pos_ids", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope),
+                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, True,
+                     low_freq_factor, high_freq_factor, old_context_len,
+                     fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    return q_rope, k_rope
+
+
+# --- cos/sin cache form (vLLM / SGLang) ----------------------------------------------------------
+
+def apply_rope_with_cos_sin_cache(positions: Any, query: Any, key: Any, head_size: int, cos_sin_cache: Any,
+                                  is_neox: bool = True) -> Tuple[Any, Any]:
+    r"""RoPE with precomputed cos/sin (vLLM/SGLang-compatible); returns ``(query_out, key_out)``.
+
+    positions: ``[nnz]`` int32/int64. query: ``[nnz, num_q_heads * head_size]`` (or
+    ``[nnz, num_q_heads, head_size]``), key likewise, float16/bfloat16; any ``head_size``.
+    cos_sin_cache: float32 ``[max_position, rotary_dim]``, cos in ``[:, :rotary_dim/2]``, sin in
+    ``[:, rotary_dim/2:]``; pair ``d`` of token ``i`` uses ``cos_sin_cache[positions[i], d]`` and
+    ``cos_sin_cache[positions[i], rotary_dim/2 + d]``. ``is_neox=True`` pairs ``(d, d + rotary_dim/2)``,
+    ``False`` pairs ``(2d, 2d + 1)``. Positions outside ``[0, max_position)`` are skipped (see the
+    module docstring for ``FLASHINFER_CHECK_INDICES``).
+    """
+    fw = framework_of(query, "query")
+    query_out, key_out = fw.empty_like(query), fw.empty_like(key)
+    dl = fw.to_dlpack
+    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", to_dlpack(positions, "positions"), dl(query),
+                                   to_dlpack(key, "key"), head_size, to_dlpack(cos_sin_cache, "cos_sin_cache"),
+                                   is_neox, dl(query_out), dl(key_out),
+                                   fw.stream(query), _err(fw, query) if _ic.enabled else None)
+    return query_out, key_out
+
+
+def apply_rope_with_cos_sin_cache_inplace(positions: Any, query: Any, key: Any, head_size: int, cos_sin_cache: Any,
+                                          is_neox: bool = True) -> None:
+    r"""As :func:`apply_rope_with_cos_sin_cache`, rotating ``query`` and ``key`` in place."""
+    fw = framework_of(query, "query")
+    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache_inplace", to_dlpack(positions, "positions"),
+                                   fw.to_dlpack(query), to_dlpack(key, "key"), head_size,
+                                   to_dlpack(cos_sin_cache, "cos_sin_cache"), is_neox, None, None, fw.stream(query),
+                                   _err(fw, query) if _ic.enabled else None)
