@@ -136,13 +136,14 @@ class DecodeRunner {
                int head_dim, int64_t page_size, int layout, int pos_mode, int window_left, double sm_scale,
                double soft_cap, double rope_scale, double rope_theta, uintptr_t indptr, uintptr_t indices,
                uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
-               uintptr_t partial_o, uintptr_t partial_lse, bool launch_merge, int64_t max_grid, int64_t max_page_index,
-               bool use_tc)
+               uintptr_t partial_o, uintptr_t partial_lse, uintptr_t merge_counters, bool launch_merge,
+               int64_t max_grid, int64_t max_page_index, bool use_tc)
       : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
         hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
         sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
         rope_theta_(float(rope_theta)), indptr_(indptr), indices_(indices), last_(last_page_len), seq_lens_(seq_lens),
         items_(items), num_items_(num_items), merge_(merge), partial_o_(partial_o), partial_lse_(partial_lse),
+        counters_(merge_counters),
         launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc) {
     check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
   }
@@ -176,8 +177,12 @@ class DecodeRunner {
       fb::fail(std::string(c.op) + ": the planned indices reference page " + std::to_string(max_page_index_) +
                " but paged_kv_cache has only " + std::to_string(kv.num_pages) + " pages");
     check_kv_alignment(c, kv);
-    c.same_shape(out, "out", q, "q");
-    c.dtype_is(out, "out", dt);
+    bool out_ok = out.ndim() == 3 && fb::dtype_of(out) == dt && out.device_type() == q.device_type() &&
+                  out.device_id() == q.device_id();
+    for (size_t i = 0; out_ok && i < 3; ++i) out_ok = out.shape(i) == q.shape(i);
+    if (!out_ok)
+      fb::fail("Invalid shape of out: expected " + fb::shape_str(q) + " " + fb::dtype_str(dt) + "; got " +
+               fb::shape_str(out) + " " + fb::dtype_name(out));
     c.last_contiguous(out, "out");
     if (lse) {
       c.ndim_in(*lse, "lse", {2}, "2-D [batch_size, num_qo_heads]");
@@ -221,6 +226,7 @@ class DecodeRunner {
       p.merge = reinterpret_cast<const flashinfer::attention::DecodeMergeInfo*>(merge_);
       p.partial_o = reinterpret_cast<float*>(partial_o_);
       p.partial_lse = reinterpret_cast<float*>(partial_lse_);
+      p.merge_counters = reinterpret_cast<int32_t*>(counters_);
       p.batch_size = batch_;
       p.num_qo_heads = hq_, p.num_kv_heads = hkv_, p.group_size = hq_ / hkv_;
       p.sub_groups = (p.group_size + flashinfer::attention::kDecodeMaxGroup - 1) / flashinfer::attention::kDecodeMaxGroup;
@@ -244,7 +250,7 @@ class DecodeRunner {
   int64_t page_size_;
   int layout_, pos_, window_;
   float sm_scale_, soft_cap_, rope_scale_, rope_theta_;
-  uintptr_t indptr_, indices_, last_, seq_lens_, items_, num_items_, merge_, partial_o_, partial_lse_;
+  uintptr_t indptr_, indices_, last_, seq_lens_, items_, num_items_, merge_, partial_o_, partial_lse_, counters_;
   bool launch_merge_;
   int64_t max_grid_, max_page_index_;
   bool use_tc_;
@@ -379,7 +385,7 @@ NB_MODULE(_decode, m) {
   nb::class_<DecodeRunner>(m, "DecodeRunner")
       .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                    uintptr_t, bool, int64_t, int64_t, bool>())
+                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
            "stream"_a, "enable_pdl"_a);
 }

@@ -284,9 +284,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         # int workspace, 16-byte aligned regions whose offsets depend only on the batch size
         # (CUDA-graph replays keep the pointers captured at the first run):
-        #   [num_items | merge [B,2] | kv_lens [B] | (page table, without CUDA graphs) | items [n,5]]
+        #   [num_items | merge [B,2] | kv_lens [B] | merge counters [B, units] (zero; the kernel
+        #    resets them after use) | (page table, without CUDA graphs) | items [n,5]]
+        units = num_kv_heads * -(-(num_qo_heads // num_kv_heads) // 8)
         parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
-                 kv_lens.astype(np.int32)]
+                 kv_lens.astype(np.int32), np.zeros(batch * units, np.int32)]
         if not self._use_cuda_graph:
             parts += [indptr_h.astype(np.int32), indices_h.astype(np.int32), last_h.astype(np.int32)]
         parts.append(items.reshape(-1))
@@ -320,7 +322,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             ptr_indices = self._paged_kv_indices_buf.data_ptr()
             ptr_last = self._paged_kv_last_page_len_buf.data_ptr()
         else:
-            ptr_indptr, ptr_indices, ptr_last = base + offsets[3], base + offsets[4], base + offsets[5]
+            ptr_indptr, ptr_indices, ptr_last = base + offsets[4], base + offsets[5], base + offsets[6]
         # float workspace: partial o in the first half, partial lse in the second (fixed offsets)
         fws = self._float_workspace_buffer.data_ptr()
         half = (have_f // 2) // 16 * 16
@@ -328,13 +330,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"float_workspace_buffer is too small: this plan needs {2 * need_f} bytes; got {have_f}")
         max_page = int(indices_h.max()) if indices_h.size else -1
         # Under CUDA graphs the launch shape must not depend on the plan: always the full
-        # persistent grid and the merge kernel (it skips requests that were not split).
+        # persistent grid. Split requests are merged in-kernel by the CTA that finishes last.
         max_grid = 0 if self._use_cuda_graph else min(int(items.shape[0]), int(grid))
         self._runner = _decode.DecodeRunner(
             self.device.index or 0, q_name, batch, num_qo_heads, num_kv_heads, head_dim, int(page_size),
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
-            base + offsets[1], fws, fws + half, bool(any_split or self._use_cuda_graph), max_grid, max_page,
+            base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
             self._use_tensor_cores)
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
@@ -383,10 +385,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
         if out is None:
-            out = q.new_empty(q.shape)
-        elif out.shape != q.shape or out.dtype != self._cached_o_data_type or out.device != q.device:
-            raise ValueError(f"Invalid shape of out: expected {tuple(q.shape)} {self._cached_o_data_type} on "
-                             f"{q.device}; got {tuple(out.shape)} {out.dtype} on {out.device}")
+            out = q.new_empty(q.shape)  # (a given out is checked by the binding: shape, dtype, device)
         if return_lse and lse is None:
             lse = q.new_empty((q.shape[0], q.shape[1]), dtype=_torch().float32)
         scale = 1.0

@@ -59,6 +59,40 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   return {0, i % units, lo, hi, p.implicit_chunks > 1 ? chunk : -1};
 }
 
+// Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
+// (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
+// (threadFenceReduction pattern: fence, count, the last one reads everyone's writes).
+template <typename T, int kHeadDim>
+FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng) {
+  constexpr int kTx = kHeadDim / 8;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  const DecodeMergeInfo mi = p.merge[it.request];
+  int32_t* counter = p.merge_counters + it.request * int64_t{p.num_kv_heads} * p.sub_groups + it.unit;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == mi.num_chunks - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
+    const int h = qh0 + w / kTx, d0 = (w % kTx) * 8;
+    float o[8] = {}, lse = neg_inf();
+    for (int c = 0; c < mi.num_chunks; ++c) {
+      const int64_t slot = mi.partial_begin + c;
+      const float* po = p.partial_o + (slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
+      float ob[8];
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) ob[e] = __ldcg(po + e);  // L2: written by other CTAs
+      merge_state(o, &lse, ob, __ldcg(p.partial_lse + slot * p.num_qo_heads + h), 8);
+    }
+    Vec<T, 8> ov;
+    ov.from_float(o);
+    ov.store(p.o + it.request * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
+    if (p.lse && d0 == 0) p.lse[it.request * p.num_qo_heads + h] = lse;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next run (and CUDA-graph replays)
+}
+
 // Epilogue shared by the decode kernels: kParts partial states per q head (from the CTA's
 // thread groups) sit in shared memory -- so[part][g][kHeadDim] (normalised by nothing: o =
 // sum 2^(s - m) v), sm[part][g] (running max, log2 units), sd[part][g] (denominator) -- and
@@ -97,6 +131,7 @@ FLASHINFER_DEVICE void write_merged(const DecodeParams<T>& p, const Item& it, in
       if (d0 == 0) p.partial_lse[it.slot * p.num_qo_heads + h] = lse;
     }
   }
+  if (it.slot >= 0 && p.merge_counters && p.merge) merge_if_last<T, kHeadDim>(p, it, qh0, ng);
 }
 
 }  // namespace detail
@@ -212,10 +247,19 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
         if (soft_cap) x = cap_log2 * tanhf(x);
         x += slope[g] * float(t);
         if (!valid || g >= ng) x = neg_inf();
-        float scale, pw;
-        st[g].update(x, &scale, &pw);
+        // Online softmax; o is rescaled only when the running max moves (rarely, after the
+        // first keys), which saves 8 multiplies and an exp2 per key and head.
+        if (x > st[g].m) {
+          const float scale = exp2f(st[g].m - x);  // 0 on the first finite key
+          st[g].d *= scale;
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 8; ++e) o[g][e] *= scale;
+          st[g].m = x;
+        }
+        const float pw = x == neg_inf() ? 0.f : exp2f(x - st[g].m);
+        st[g].d += pw;
         FLASHINFER_UNROLL
-        for (int e = 0; e < 8; ++e) o[g][e] = o[g][e] * scale + pw * vf[e];
+        for (int e = 0; e < 8; ++e) o[g][e] += pw * vf[e];
       }
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }

@@ -36,6 +36,10 @@ struct DecodeParams {
   const DecodeMergeInfo* merge;  // [batch] (explicit) or null
   float* partial_o;    // [slots, num_qo_heads, head_dim]
   float* partial_lse;  // [slots, num_qo_heads]
+  // [batch, num_kv_heads * sub_groups] zero-initialised counters, or null. When given, the
+  // CTA that writes the last partial state of a (request, q-head unit) merges the request's
+  // partial states itself (and resets the counter) instead of DecodeMergeKernel.
+  int32_t* merge_counters;
   int64_t batch_size;
   int num_qo_heads, num_kv_heads, group_size, sub_groups;
   int head_dim;
