@@ -44,7 +44,7 @@ ctest_rc=$?
 ex_rc=$?
 [ $ex_rc -eq 77 ] && ex_rc=0
 echo "== pytest"
-$PY -m pytest tests/python -q -rs ${PYTEST_ARGS:-}
+$PY -m pytest tests/python -q -rs --durations=15 ${PYTEST_ARGS:-}
 py_rc=$?
 set -e
 echo "ctest rc=$ctest_rc example rc=$ex_rc pytest rc=$py_rc"

@@ -17,6 +17,23 @@ from . import page, rope
 from . import cascade
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from . import sampling
+from .sampling import (
+    chain_speculative_sampling,
+    min_p_sampling_from_probs,
+    sampling_from_logits,
+    sampling_from_probs,
+    softmax,
+    top_k_mask_logits,
+    top_k_renorm_prob,
+    top_k_renorm_probs,
+    top_k_sampling_from_probs,
+    top_k_top_p_sampling_from_logits,
+    top_k_top_p_sampling_from_probs,
+    top_p_renorm_prob,
+    top_p_renorm_probs,
+    top_p_sampling_from_probs,
+)
 from .rope import (
     apply_llama31_rope,
     apply_llama31_rope_inplace,
@@ -67,4 +84,19 @@ __all__ = [
     "merge_state",
     "merge_state_in_place",
     "merge_states",
+    "sampling",
+    "softmax",
+    "sampling_from_logits",
+    "sampling_from_probs",
+    "top_p_sampling_from_probs",
+    "top_k_sampling_from_probs",
+    "min_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
+    "top_p_renorm_probs",
+    "top_p_renorm_prob",
+    "top_k_renorm_probs",
+    "top_k_renorm_prob",
+    "top_k_mask_logits",
+    "chain_speculative_sampling",
 ]

@@ -1,0 +1,498 @@
+// CPU replay of the sampling loops in sampling.h with exact host sources: every draw of the
+// dual-pivot rejection loop terminates inside the top-k / top-p / min-p set (ties, one-hot,
+// uniform, zero tails, denormals, k >= vocab, p = 1, min_p = 0, draw-budget fallback), its
+// empirical distribution is the filtered one (chi-square, and a wrong reference fails it),
+// the exact-threshold search keeps exactly the top-k / top-p set through both gather modes,
+// and the launch layout covers every element.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "flashinfer/philox.h"
+#include "flashinfer/sampling.h"
+#include "flashinfer/sampling_params.h"
+
+using namespace flashinfer;
+using namespace flashinfer::sampling;
+
+namespace {
+
+// The row or, after gather(), base + list: what the kernel's block-wide sources compute, with
+// float sums in index order.
+struct HostSource {
+  const std::vector<float>& p;
+  int cap = 0;
+  bool listed = false;
+  std::vector<int> list;
+  int base_cnt = 0;
+  float base_sum = 0.f;
+  int passes = 0;
+  int gpasses = 0;  // aggregates over the whole row
+  bool shuffle_sums = false;  // sum each pivot in its own random order (non-monotone rounding)
+  std::mt19937 rng{7};
+
+  explicit HostSource(const std::vector<float>& probs, int capacity = 0) : p(probs), cap(capacity) {}
+
+  std::vector<int> order() const {
+    std::vector<int> o;
+    if (listed) return list;
+    o.resize(p.size());
+    std::iota(o.begin(), o.end(), 0);
+    return o;
+  }
+  template <int P>
+  void aggregate(const uint32_t (&piv)[P], int (&cnt)[P], float (&sum)[P]) {
+    ++passes;
+    gpasses += !listed;
+    std::vector<int> o = order();
+    for (int m = 0; m < P; ++m) {
+      if (shuffle_sums) std::shuffle(o.begin(), o.end(), rng);
+      cnt[m] = listed ? base_cnt : 0;
+      sum[m] = listed ? base_sum : 0.f;
+      for (int i : o) {
+        if (order_key(p[i]) > piv[m]) {
+          ++cnt[m];
+          sum[m] += p[i];
+        }
+      }
+    }
+  }
+  Pick pick(uint32_t low, int, float u) const {
+    float run = 0.f;
+    Pick last;
+    for (int i : order()) {
+      if (order_key(p[i]) <= low) continue;
+      run += p[i];
+      last.index = i;
+      last.value = p[i];
+      if (run > u) return last;
+    }
+    return last;
+  }
+  bool in_list() const { return listed; }
+  int list_capacity() const { return cap; }
+  void gather(uint32_t lo, uint32_t hi, int bc, float bs) {
+    list.clear();
+    for (int i = 0; i < static_cast<int>(p.size()); ++i) {
+      const uint32_t k = order_key(p[i]);
+      if (k > lo && k <= hi) list.push_back(i);
+    }
+    CHECK(static_cast<int>(list.size()) <= cap);
+    listed = true;
+    base_cnt = bc;
+    base_sum = bs;
+  }
+};
+
+RowStats first_pass(const std::vector<float>& p) {
+  RowStats s;
+  s.max = -INFINITY;
+  s.min = INFINITY;
+  for (float x : p) {
+    s.has_nan |= x != x;
+    s.max = std::max(s.max, x);
+    if (order_key(x) > kKeyZero) {
+      s.total += x;
+      s.min = std::min(s.min, x);
+      ++s.count;
+    }
+  }
+  return s;
+}
+
+enum class Mode { kJoint, kTopKFirst };
+
+struct Run {
+  SampleResult r;
+  Bracket topk;  // top-k-first: the resolved top-k bracket
+  bool used_topk = false;
+};
+
+// One sample as the kernel takes it (sampling.cuh's SamplingKernel), on the CPU.
+Run sample_row(const std::vector<float>& p, const RowFilter& f, Mode mode, const PhiloxStream& stream,
+               int cap = 16, bool shuffle = false) {
+  const RowStats s = first_pass(p);
+  auto uniform = [&](int d) { return uniform_co(stream.word(static_cast<uint32_t>(d))); };
+  HostSource src(p, cap);
+  src.shuffle_sums = shuffle;
+  Run run;
+  if (mode == Mode::kTopKFirst && top_k_active(f.top_k, s.count)) {
+    Criterion ck;
+    ck.top_k = f.top_k;
+    ck.max_key = order_key(s.max);
+    run.topk = select_threshold(src, ck, full_bracket(s), true);
+    run.used_topk = true;
+    const SamplingStart st = top_k_first_start(order_key(s.max), f.top_p, run.topk);
+    const bool all_above = src.listed && src.base_cnt == 0;
+    if (!all_above) {
+      HostSource row(p);
+      row.shuffle_sums = shuffle;
+      run.r = rejection_sample(row, st.crit, st.state, uniform, kMaxDraws);
+    } else {
+      run.r = rejection_sample(src, st.crit, st.state, uniform, kMaxDraws);
+    }
+    return run;
+  }
+  RowFilter g = f;
+  if (mode == Mode::kTopKFirst) g.top_k = 0;
+  const SamplingStart st = joint_start(s, g);
+  const bool filtered = st.crit.filters();
+  run.r = rejection_sample(src, st.crit, st.state, uniform, filtered ? kMaxDraws : 1);
+  return run;
+}
+
+// The filtered set by definition, in double: top-k = {#greater < k}, top-p = {mass greater <
+// top_p * total}, min-p = {p >= min_p * max}, the row maximum always in, zeros never.
+std::vector<bool> exact_set(const std::vector<float>& p, const RowFilter& f, Mode mode, double slack = 0.0) {
+  const int n = static_cast<int>(p.size());
+  double total = 0, mx = 0;
+  int pos = 0;
+  for (float x : p)
+    if (x > 0) total += x, mx = std::max(mx, double(x)), ++pos;
+  // Positive values in descending order; #greater and the mass greater via binary search.
+  std::vector<double> desc;
+  for (float x : p)
+    if (x > 0) desc.push_back(x);
+  std::sort(desc.rbegin(), desc.rend());
+  std::vector<double> prefix(desc.size() + 1, 0.0);
+  for (size_t i = 0; i < desc.size(); ++i) prefix[i + 1] = prefix[i] + desc[i];
+  auto greater = [&](double v) {  // elements strictly greater than v
+    return static_cast<int>(std::lower_bound(desc.begin(), desc.end(), v, std::greater<double>()) - desc.begin());
+  };
+  const bool use_k = f.top_k > 0 && f.top_k < pos;
+  const double kth = use_k ? desc[f.top_k - 1] : 0.0;
+  const int n_ge_kth = static_cast<int>(
+      std::upper_bound(desc.begin(), desc.end(), kth, std::greater<double>()) - desc.begin());
+  const double mass_k = use_k ? prefix[n_ge_kth] : total;
+  const double ref_mass = mode == Mode::kTopKFirst ? mass_k : total;
+  std::vector<bool> in(n, false);
+  for (int i = 0; i < n; ++i) {
+    if (!(p[i] > 0)) continue;
+    if (p[i] == mx) {
+      in[i] = true;
+      continue;
+    }
+    const int g = greater(p[i]);
+    bool ok = !use_k || g < f.top_k;
+    if (f.top_p < 1.f) ok = ok && prefix[g] < double(f.top_p) * ref_mass * (1 + slack);
+    if (f.min_p > 0.f) ok = ok && p[i] >= double(f.min_p) * mx;
+    in[i] = ok;
+  }
+  return in;
+}
+
+std::vector<float> normalized(std::vector<float> p) {
+  double s = 0;
+  for (float x : p) s += x;
+  for (float& x : p) x = static_cast<float>(x / s);
+  return p;
+}
+
+struct Case {
+  const char* name;
+  std::vector<float> p;
+};
+
+std::vector<Case> distributions() {
+  std::vector<Case> cs;
+  std::mt19937 g(42);
+  std::normal_distribution<float> nd;
+  cs.push_back({"ties", normalized({3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1, 0.5f, 0.5f, 0, 0})});
+  std::vector<float> onehot(37, 0.f);
+  onehot[19] = 1.f;
+  cs.push_back({"one-hot", onehot});
+  cs.push_back({"uniform", std::vector<float>(50, 0.02f)});
+  std::vector<float> tail(64, 0.f);
+  for (int i = 0; i < 32; ++i) tail[i] = std::exp(nd(g));
+  cs.push_back({"zero-tail", normalized(tail)});
+  std::vector<float> spike(300, 1e-9f);
+  spike[123] = 1.f;
+  for (int i = 0; i < 20; ++i) spike[i] = 1e-40f;  // denormals
+  cs.push_back({"spike+denormals", spike});
+  std::vector<float> geo(200);
+  for (int i = 0; i < 200; ++i) geo[i] = std::ldexp(1.f, -i);  // 2^-i, underflows to 0
+  cs.push_back({"geometric", geo});
+  std::vector<float> rn(257);
+  for (float& x : rn) x = std::exp(nd(g));
+  cs.push_back({"randn", normalized(rn)});
+  std::vector<float> rn5(257);
+  for (float& x : rn5) x = std::exp(5 * nd(g));
+  cs.push_back({"randn5-unnormalized", rn5});
+  std::uniform_real_distribution<float> ud(0.f, 1.f);
+  std::vector<float> flat(500);
+  for (float& x : flat) x = ud(g) * 0.37f;
+  cs.push_back({"rand-unnormalized", flat});
+  cs.push_back({"single", {0.7f}});
+  cs.push_back({"two-equal", {0.f, 0.5f, 0.5f, 0.f}});
+  return cs;
+}
+
+void check_membership() {
+  const RowFilter filters[] = {
+      {0, 1.f, 0.f},      {1, 1.f, 0.f},     {2, 1.f, 0.f},      {5, 1.f, 0.f},    {50, 1.f, 0.f},
+      {100000, 1.f, 0.f}, {0, 0.1f, 0.f},    {0, 0.5f, 0.f},     {0, 0.9f, 0.f},   {0, 0.999f, 0.f},
+      {0, 0.f, 0.f},      {0, 1.f, 0.05f},   {0, 1.f, 0.5f},     {0, 1.f, 1.f},    {0, 1.f, 2.f},
+      {3, 0.5f, 0.f},     {20, 0.9f, 0.f},   {-1, 1.f, 0.f},     {7, 0.3f, 0.f},   {1, 0.f, 0.f},
+  };
+  for (const Case& c : distributions()) {
+    for (const RowFilter& f : filters) {
+      for (Mode mode : {Mode::kJoint, Mode::kTopKFirst}) {
+        const std::vector<bool> in = exact_set(c.p, f, mode, 1e-5);
+        const std::vector<bool> in_tight = exact_set(c.p, f, mode, -1e-5);
+        for (uint32_t seed = 0; seed < 40; ++seed) {
+          for (bool shuffle : {false, true}) {
+            const Run run = sample_row(c.p, f, mode, PhiloxStream{seed, 4u * seed, seed % 3}, 3, shuffle);
+            const int64_t i = run.r.index;
+            const bool ok = i >= 0 && i < static_cast<int64_t>(c.p.size()) && c.p[i] > 0 && in[i];
+            if (!ok) {
+              std::printf("%s k=%d p=%g min_p=%g mode=%d seed=%u shuffle=%d: got %lld (p=%g)\n", c.name, f.top_k,
+                          f.top_p, f.min_p, int(mode), seed, int(shuffle), static_cast<long long>(i),
+                          i >= 0 ? c.p[i] : -1.f);
+            }
+            CHECK(ok);
+            CHECK(run.r.draws >= 1 && run.r.draws <= kMaxDraws);
+            if (ok && !shuffle) (void)in_tight;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Top-k alone keeps exactly the ties at the k-th value; draws never leave it, at vocab 128256
+// too (the budget-exhaustion fallback included when forced).
+void check_large_vocab() {
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> p(128256);
+  for (float& x : p) x = std::exp(nd(g));
+  p = normalized(p);
+  for (int k : {1, 50, 1000}) {
+    const RowFilter f{k, 1.f, 0.f};
+    const std::vector<bool> in = exact_set(p, f, Mode::kJoint);
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+      const Run a = sample_row(p, f, Mode::kJoint, PhiloxStream{seed, 0, 0});
+      CHECK(a.r.index >= 0 && in[a.r.index]);
+      const Run b = sample_row(p, f, Mode::kTopKFirst, PhiloxStream{seed, 0, 0}, 8192);
+      CHECK(b.r.index >= 0 && in[b.r.index]);
+    }
+  }
+  // A two-draw budget forces the fallback: still inside the set.
+  const RowStats s = first_pass(p);
+  const SamplingStart st = joint_start(s, RowFilter{50, 1.f, 0.f});
+  const std::vector<bool> in = exact_set(p, RowFilter{50, 1.f, 0.f}, Mode::kJoint);
+  for (uint32_t seed = 0; seed < 8; ++seed) {
+    HostSource src(p);
+    const PhiloxStream stream{seed, 0, 1};
+    auto uniform = [&](int d) { return uniform_co(stream.word(static_cast<uint32_t>(d))); };
+    const SampleResult r = rejection_sample(src, st.crit, st.state, uniform, 2);
+    CHECK(r.draws <= 2 && r.index >= 0 && in[r.index]);
+  }
+}
+
+// Empirical frequencies of many replays against the filtered, renormalized distribution.
+double chi_square(const std::vector<int>& counts, const std::vector<double>& prob, int n, bool* zero_hit) {
+  double stat = 0;
+  *zero_hit = false;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double e = prob[i] * n;
+    if (e == 0) {
+      *zero_hit |= counts[i] > 0;
+      continue;
+    }
+    stat += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  return stat;
+}
+
+std::vector<double> filtered_dist(const std::vector<float>& p, const std::vector<bool>& in) {
+  std::vector<double> d(p.size(), 0.0);
+  double s = 0;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (in[i]) s += p[i];
+  for (size_t i = 0; i < p.size(); ++i)
+    if (in[i]) d[i] = p[i] / s;
+  return d;
+}
+
+void check_distribution() {
+  const std::vector<float> p =
+      normalized({0.20f, 0.02f, 0.15f, 0.15f, 0.08f, 0.30f, 0.01f, 0.0f, 0.05f, 0.04f, 0.10f, 0.03f, 0.09f});
+  struct F {
+    RowFilter f;
+    Mode mode;
+  };
+  const F fs[] = {{{0, 1.f, 0.f}, Mode::kJoint},   {{4, 1.f, 0.f}, Mode::kJoint},   {{0, 0.6f, 0.f}, Mode::kJoint},
+                  {{0, 1.f, 0.25f}, Mode::kJoint},  {{5, 0.7f, 0.f}, Mode::kJoint},  {{5, 0.7f, 0.f}, Mode::kTopKFirst},
+                  {{6, 0.8f, 0.f}, Mode::kTopKFirst}, {{2, 0.9f, 0.f}, Mode::kTopKFirst}};
+  const int n = 100000;
+  int wrong_checked = 0;
+  const int df_max = static_cast<int>(p.size());
+  const double bound = df_max + 6 * std::sqrt(2.0 * df_max);
+  for (const F& x : fs) {
+    const std::vector<bool> in = exact_set(p, x.f, x.mode);
+    std::vector<int> counts(p.size(), 0);
+    for (int t = 0; t < n; ++t) {
+      const Run r = sample_row(p, x.f, x.mode, PhiloxStream{2024, 64, static_cast<uint32_t>(t)});
+      ++counts[r.r.index];
+    }
+    bool zero_hit = false;
+    const double stat = chi_square(counts, filtered_dist(p, in), n, &zero_hit);
+    if (!(stat < bound) || zero_hit)
+      std::printf("distribution k=%d p=%g min_p=%g mode=%d: chi2=%.1f (bound %.1f) zero_hit=%d\n", x.f.top_k,
+                  x.f.top_p, x.f.min_p, int(x.mode), stat, bound, int(zero_hit));
+    CHECK(stat < bound);
+    CHECK(!zero_hit);
+    // A wrong reference (top-k off by one, or top-p applied to the wrong mass) fails the test.
+    if (x.f.top_k > 0) {
+      RowFilter wrong = x.f;
+      wrong.top_k += 1;
+      const std::vector<bool> in_wrong = exact_set(p, wrong, x.mode);
+      if (in_wrong != in) {  // (top-p may bind first, making k + 1 the same set)
+        bool zh = false;
+        const double sw = chi_square(counts, filtered_dist(p, in_wrong), n, &zh);
+        CHECK(sw > bound || zh);
+        ++wrong_checked;
+      }
+    }
+    if (x.f.top_p < 1.f && x.f.top_k > 0) {
+      const Mode other = x.mode == Mode::kJoint ? Mode::kTopKFirst : Mode::kJoint;
+      const std::vector<bool> in_other = exact_set(p, x.f, other);
+      if (in_other != in) {
+        bool zh = false;
+        const double sw = chi_square(counts, filtered_dist(p, in_other), n, &zh);
+        CHECK(sw > bound || zh);
+        ++wrong_checked;
+      }
+    }
+  }
+  std::printf("wrong references checked: %d\n", wrong_checked);
+  CHECK(wrong_checked >= 4);
+}
+
+// The exact-threshold search keeps exactly {p >= k-th largest} (top-k) and the top-p set,
+// whether it resolves on the row, on a bracket gather or on an all-above gather.
+void check_select() {
+  for (const Case& c : distributions()) {
+    const RowStats s = first_pass(c.p);
+    for (int k : {1, 2, 3, 10, 50, 200}) {
+      if (!top_k_active(k, s.count)) continue;
+      std::vector<float> sorted = c.p;
+      std::sort(sorted.rbegin(), sorted.rend());
+      const float kth = sorted[k - 1];
+      for (int cap : {0, 4, 64, 100000}) {
+        for (bool all_above : {false, true}) {
+          HostSource src(c.p, cap);
+          Criterion ck;
+          ck.top_k = k;
+          ck.max_key = order_key(s.max);
+          const Bracket b = select_threshold(src, ck, full_bracket(s), all_above);
+          int kept = 0;
+          for (float x : c.p) {
+            const bool keep = order_key(x) > b.lo;
+            CHECK(keep == (x >= kth && x > 0));
+            kept += keep;
+          }
+          CHECK(kept == b.cnt_lo);
+          CHECK(src.passes <= 40);
+        }
+      }
+    }
+    for (float top_p : {0.1f, 0.5f, 0.9f, 0.99f}) {
+      const std::vector<bool> loose = exact_set(c.p, RowFilter{0, top_p, 0.f}, Mode::kJoint, 1e-5);
+      const std::vector<bool> tight = exact_set(c.p, RowFilter{0, top_p, 0.f}, Mode::kJoint, -1e-5);
+      for (int cap : {0, 4, 100000}) {
+        HostSource src(c.p, cap);
+        Criterion cp;
+        cp.use_top_p = true;
+        cp.top_p_mass = top_p * s.total;
+        cp.max_key = order_key(s.max);
+        const Bracket b = select_threshold(src, cp, full_bracket(s), false);
+        for (size_t i = 0; i < c.p.size(); ++i) {
+          const bool keep = order_key(c.p[i]) > b.lo;
+          if (tight[i]) CHECK(keep);
+          if (!loose[i]) CHECK(!keep);
+        }
+      }
+    }
+  }
+}
+
+void check_keys() {
+  const float xs[] = {-INFINITY, -3.4e38f, -1.f, -1e-40f, -0.f, 0.f, 1e-45f, 1e-40f, 1e-30f, 0.5f, 1.f, 3.4e38f, INFINITY};
+  for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); ++i) {
+    CHECK(key_value(order_key(xs[i])) == xs[i]);
+    for (size_t j = 0; j < sizeof(xs) / sizeof(xs[0]); ++j) {
+      CHECK((xs[i] < xs[j]) == (order_key(xs[i]) < order_key(xs[j])));
+      CHECK((xs[i] == xs[j]) == (order_key(xs[i]) == order_key(xs[j])));
+    }
+  }
+  CHECK(order_key(NAN) == kKeyNaN && order_key(-NAN) == kKeyNaN);
+  CHECK(order_key(-INFINITY) == kKeyNegInf && order_key(INFINITY) == kKeyPosInf && order_key(-0.f) == kKeyZero);
+  // The rejection pivots stay sorted and inside [x, high].
+  uint32_t piv[kRejectPivots];
+  reject_pivots(1e-30f, 0.75f, piv);
+  for (int m = 1; m < kRejectPivots; ++m) CHECK(piv[m] >= piv[m - 1]);
+  CHECK(piv[0] == order_key(1e-30f) && piv[kRejectPivots - 1] <= order_key(0.75f));
+  // Select pivots lie strictly inside any unresolved bracket.
+  for (uint32_t lo : {kKeyNegInf, kKeyZero, order_key(0.3f), 0x80000005u}) {
+    for (uint32_t w : {2u, 3u, 7u, 1000u, 0x1000000u}) {
+      Bracket b;
+      b.lo = lo;
+      b.hi = lo + w;
+      b.cnt_lo = 10;
+      b.cnt_hi = 1;
+      uint32_t sp[kSelectPivots];
+      select_pivots(b, sp);
+      int inside = 0;
+      for (uint32_t k : sp) {
+        CHECK(k >= b.lo && k <= b.hi);
+        inside += k > b.lo && k < b.hi;
+      }
+      CHECK(inside >= 1);
+    }
+  }
+}
+
+void check_layout() {
+  for (int vocab : {1, 3, 8, 111, 128, 1000, 1024, 4096, 32000, 128256, 152064, 256000, 1 << 20, 3000001}) {
+    for (int eb : {4, 2}) {
+      for (bool list : {false, true}) {
+        for (int64_t budget : {int64_t{0}, int64_t{48} * 1024, int64_t{227} * 1024 - kStaticSmemReserve}) {
+          const ScanLayout l = scan_layout(vocab, eb, list, budget);
+          CHECK(l.threads >= 32 && l.threads <= kMaxThreads && l.threads % 32 == 0);
+          CHECK(l.vec * eb == 16 && l.tile == l.threads * l.vec);
+          CHECK(int64_t{l.steps} * l.threads * kStepElems >= vocab);               // every element owned
+          CHECK(int64_t{l.steps - 1} * l.threads * kStepElems < std::max(vocab, 1));  // no empty step
+          CHECK(l.chunks * l.steps_per_chunk >= l.steps && (l.chunks - 1) * l.steps_per_chunk < l.steps);
+          CHECK(l.chunks <= kMaxChunks);
+          CHECK(l.cache_elems % l.tile == 0 && l.cache_elems <= vocab);
+          CHECK(l.list_cap == (list ? std::min(vocab, kListCapacity) : 0));
+          if (budget > 0 && l.cache_elems > 0) CHECK(l.smem_bytes <= budget);
+          CHECK(l.off_table % 16 == 0 && l.off_csum % 16 == 0 && l.off_list_val % 16 == 0 && l.off_list_idx % 16 == 0);
+        }
+      }
+    }
+  }
+  // The benchmark shape: 512 threads, 8 chunks of one step, over 200 KiB of the row cached.
+  const ScanLayout l = scan_layout(128256, 4, false, int64_t{227} * 1024 - kStaticSmemReserve);
+  CHECK(l.threads == 512 && l.steps == 8 && l.chunks == 8 && l.cache_elems >= 51200);
+}
+
+}  // namespace
+
+int main() {
+  check_keys();
+  check_layout();
+  check_membership();
+  check_large_vocab();
+  check_select();
+  check_distribution();
+  return test::finish("test_sampling");
+}

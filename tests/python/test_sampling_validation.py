@@ -1,0 +1,206 @@
+"""flashinfer.sampling argument validation on the CPU (no GPU needed).
+
+The binding checks shapes and dtypes before the device, so CPU tensors reach every check;
+valid CPU arguments end in "must be a CUDA tensor". The per-row parameter messages are
+FlashInfer's own (its tests match them by regex); so are the seed/offset, filter order, NaN
+and softmax temperature messages.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashinfer  # noqa: E402
+import flashinfer.sampling as fs  # noqa: E402
+
+R, V = 4, 50
+
+ZERO_D = r"Expected a 1D tensor of shape \(batch_size,\) or scalar for the sampling parameter, but got a 0-dimensional tensor\."
+TWO_D = r"Expected a 1D tensor or scalar for the sampling parameter, but got a 2D tensor\."
+LENGTH = (r"Sampling parameter tensor batch size mismatch: expected length 4 to match the reference tensor batch "
+          r"size, but got length 3\.")
+ON_CPU = r"must be a CUDA tensor"
+
+
+def probs(rows=R, vocab=V, dtype=torch.float32):
+    p = torch.rand(rows, vocab)
+    return (p / p.sum(-1, keepdim=True)).to(dtype)
+
+
+# (name, call(probs, param)) for every function taking one per-row parameter
+ONE_PARAM = {
+    "top_p_sampling_from_probs": lambda p, x: fs.top_p_sampling_from_probs(p, x),
+    "top_k_sampling_from_probs": lambda p, x: fs.top_k_sampling_from_probs(p, x),
+    "min_p_sampling_from_probs": lambda p, x: fs.min_p_sampling_from_probs(p, x),
+    "top_p_renorm_probs": lambda p, x: fs.top_p_renorm_probs(p, x),
+    "top_k_renorm_probs": lambda p, x: fs.top_k_renorm_probs(p, x),
+    "top_k_mask_logits": lambda p, x: fs.top_k_mask_logits(p, x),
+    "top_k_top_p(k)": lambda p, x: fs.top_k_top_p_sampling_from_probs(p, x, 0.9),
+    "top_k_top_p(p)": lambda p, x: fs.top_k_top_p_sampling_from_probs(p, 5, x),
+    "top_k_top_p_joint(k)": lambda p, x: fs.top_k_top_p_sampling_from_probs(p, x, 0.9, filter_apply_order="joint"),
+    "top_k_top_p_joint(p)": lambda p, x: fs.top_k_top_p_sampling_from_probs(p, 5, x, filter_apply_order="joint"),
+}
+
+ALL_PROBS = {
+    "sampling_from_probs": lambda p: fs.sampling_from_probs(p),
+    "sampling_from_logits": lambda p: fs.sampling_from_logits(p),
+    "top_p_sampling_from_probs": lambda p: fs.top_p_sampling_from_probs(p, 0.9),
+    "top_k_sampling_from_probs": lambda p: fs.top_k_sampling_from_probs(p, 5),
+    "min_p_sampling_from_probs": lambda p: fs.min_p_sampling_from_probs(p, 0.1),
+    "top_k_top_p_sampling_from_probs": lambda p: fs.top_k_top_p_sampling_from_probs(p, 5, 0.9),
+    "top_k_top_p_sampling_from_logits": lambda p: fs.top_k_top_p_sampling_from_logits(p, 5, 0.9),
+    "top_p_renorm_probs": lambda p: fs.top_p_renorm_probs(p, 0.9),
+    "top_k_renorm_probs": lambda p: fs.top_k_renorm_probs(p, 5),
+    "top_k_mask_logits": lambda p: fs.top_k_mask_logits(p, 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_PROBS))
+def test_valid_cpu_arguments_reach_the_device_check(name):
+    with pytest.raises(ValueError, match=ON_CPU):
+        ALL_PROBS[name](probs())
+
+
+@pytest.mark.parametrize("name", sorted(ONE_PARAM))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])
+def test_per_row_parameter_shape_messages(name, dtype):
+    fn = ONE_PARAM[name]
+    value = 3 if dtype != torch.float32 else 0.5
+    with pytest.raises(ValueError, match=ZERO_D):
+        fn(probs(), torch.tensor(value, dtype=dtype))
+    with pytest.raises(ValueError, match=TWO_D):
+        fn(probs(), torch.full((R, V), value, dtype=dtype))
+    with pytest.raises(ValueError, match=LENGTH):
+        fn(probs(), torch.full((3,), value, dtype=dtype))
+    with pytest.raises(ValueError, match=ON_CPU):  # the right length and any numeric dtype pass
+        fn(probs(), torch.full((R,), value, dtype=dtype))
+
+
+def test_per_row_parameters_follow_the_distribution_rows_not_indices():
+    idx = torch.zeros(7, dtype=torch.int32)
+    with pytest.raises(ValueError, match=LENGTH.replace("length 3", "length 7")):
+        fs.top_k_sampling_from_probs(probs(), torch.full((7,), 3), indices=idx)
+    with pytest.raises(ValueError, match=ON_CPU):
+        fs.top_k_sampling_from_probs(probs(), torch.full((R,), 3), indices=idx)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.rand(V), "probs must be 2-D"),
+    (torch.rand(2, 3, V), "probs must be 2-D"),
+    (torch.rand(R, 0), re.escape("probs.shape[1] (vocab size) must be in [1, 2^30]; got 0")),
+    (torch.rand(R, 2 * V)[:, ::2], "probs must be contiguous in its last dimension"),
+])
+def test_probs_shape(bad, message):
+    with pytest.raises(ValueError, match=message):
+        fs.sampling_from_probs(bad)
+
+
+def test_indices():
+    with pytest.raises(ValueError, match="indices.dtype must be int32 or int64; got float32"):
+        fs.sampling_from_probs(probs(), indices=torch.zeros(3))
+    with pytest.raises(ValueError, match="indices must be 1-D"):
+        fs.sampling_from_probs(probs(), indices=torch.zeros(3, 2, dtype=torch.int32))
+    for dt in (torch.int32, torch.int64):
+        with pytest.raises(ValueError, match=ON_CPU):
+            fs.sampling_from_probs(probs(), indices=torch.zeros(3, dtype=dt))
+
+
+def test_seed_and_offset():
+    with pytest.raises(ValueError, match="^seed and offset must both be tensors or both be scalars$"):
+        fs.sampling_from_probs(probs(), seed=torch.tensor([1]), offset=0)
+    with pytest.raises(ValueError, match="^seed and offset must both be tensors or both be scalars$"):
+        fs.top_p_sampling_from_probs(probs(), 0.9, seed=1, offset=torch.tensor([0]))
+    good = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="seed tensor must be int64/uint64"):
+        fs.sampling_from_probs(probs(), seed=torch.zeros(1, dtype=torch.int32), offset=good)
+    with pytest.raises(ValueError, match="offset tensor must be 1D"):
+        fs.sampling_from_probs(probs(), seed=good, offset=torch.zeros(1, 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="seed tensor length must be 1 or 4"):
+        fs.sampling_from_probs(probs(), seed=torch.zeros(3, dtype=torch.int64), offset=good)
+    for n in (1, R):
+        with pytest.raises(ValueError, match=ON_CPU):
+            fs.sampling_from_probs(probs(), seed=torch.zeros(n, dtype=torch.int64), offset=torch.zeros(n, dtype=torch.int64))
+    with pytest.raises(ValueError, match=ON_CPU):  # scalars of any size are taken modulo 2^64
+        fs.sampling_from_probs(probs(), seed=2**64 + 5, offset=-1)
+
+
+def test_filter_apply_order():
+    for fn in (fs.top_k_top_p_sampling_from_probs, fs.top_k_top_p_sampling_from_logits):
+        with pytest.raises(ValueError, match="^Invalid filter_apply_order: top_p_first$"):
+            fn(probs(), 5, 0.9, filter_apply_order="top_p_first")
+
+
+def test_check_nan():
+    p = probs()
+    p[1, 3] = float("nan")
+    for fn in (lambda: fs.sampling_from_probs(p, check_nan=True), lambda: fs.top_p_sampling_from_probs(p, 0.5, check_nan=True),
+               lambda: fs.top_k_top_p_sampling_from_probs(p, 3, 0.5, check_nan=True)):
+        with pytest.raises(ValueError, match=r"^Input probs contains NaN\.$"):
+            fn()
+    with pytest.raises(ValueError, match=r"^Input logits contains NaN\.$"):
+        fs.sampling_from_logits(p, check_nan=True)
+    with pytest.raises(ValueError, match=ON_CPU):  # without check_nan, NaN rows are the kernel's business
+        fs.sampling_from_probs(p)
+
+
+def test_renorm_dtypes():
+    with pytest.raises(ValueError, match="top_k_renorm_probs: probs.dtype must be float32, float16 or bfloat16; got int32"):
+        fs.top_k_renorm_probs(torch.ones(R, V, dtype=torch.int32), 3)
+    with pytest.raises(ValueError, match="top_k_mask_logits: logits.dtype must be float32, float16 or bfloat16; got float64"):
+        fs.top_k_mask_logits(torch.ones(R, V, dtype=torch.float64), 3)
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        with pytest.raises(ValueError, match=ON_CPU):
+            fs.top_k_renorm_probs(probs(dtype=dt), 3)
+        with pytest.raises(ValueError, match=ON_CPU):
+            fs.top_k_mask_logits(probs(dtype=dt), 3)
+        with pytest.raises(ValueError, match=ON_CPU):  # up-cast to float32 first
+            fs.top_p_renorm_probs(probs(dtype=dt), 0.5)
+    assert fs.top_p_renorm_prob is fs.top_p_renorm_probs and fs.top_k_renorm_prob is fs.top_k_renorm_probs
+
+
+def test_softmax_arguments():
+    with pytest.raises(ValueError, match="^logits must be a CUDA tensor, got device=cpu$"):
+        fs.softmax(probs())
+    x = np.random.rand(R, V).astype(np.float32)  # numpy: the temperature checks run, then the device one
+    for bad in ("hot", True, [1.0]):
+        with pytest.raises(TypeError, match="temperature must be None, a real scalar"):
+            fs.softmax(x, temperature=bad)
+    with pytest.raises(ValueError, match=re.escape("temperature tensor must be 1D with one value per logits row, got shape (4, 1)")):
+        fs.softmax(x, temperature=np.ones((R, 1), dtype=np.float32))
+    with pytest.raises(ValueError, match=re.escape("temperature tensor length must equal logits.size(0) (4), got 3")):
+        fs.softmax(x, temperature=np.ones(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="temperature tensor must have dtype float16, bfloat16, float32, or float64"):
+        fs.softmax(x, temperature=np.ones(R, dtype=np.int32))
+    for t in (None, 0.5, 0, np.ones(R, dtype=np.float64)):
+        with pytest.raises(ValueError, match=ON_CPU):
+            fs.softmax(x, temperature=t)
+
+
+def test_chain_speculative_shapes():
+    b, n = 3, 2
+    draft = probs(b * n).view(b, n, V)
+    ids = torch.randint(0, V, (b, n))
+    target = probs(b * (n + 1)).view(b, n + 1, V)
+    with pytest.raises(ValueError, match=ON_CPU):
+        fs.chain_speculative_sampling(draft, ids, target)
+    with pytest.raises(ValueError, match=re.escape("target_probs.shape[1] must equal num_speculate_tokens + 1 (3); got 2")):
+        fs.chain_speculative_sampling(draft, ids, target[:, :n])
+    with pytest.raises(ValueError, match=re.escape("draft_token_ids.shape[1] must equal draft_probs.shape[1] (2); got 1")):
+        fs.chain_speculative_sampling(draft, ids[:, :1], target)
+    with pytest.raises(ValueError, match="draft_token_ids must be 2-D"):
+        fs.chain_speculative_sampling(draft, ids[0], target)
+    with pytest.raises(ValueError, match=re.escape("accepted_num.shape[0] must equal the batch size (3); got 2")):
+        fs.chain_speculative_sampling(draft, ids, target, torch.zeros(2, dtype=torch.int32))
+
+
+def test_numpy_and_top_level_exports():
+    with pytest.raises(ValueError, match=ON_CPU):
+        fs.sampling_from_probs(np.random.rand(R, V).astype(np.float32))
+    for name in fs.__all__:
+        assert getattr(flashinfer, name) is getattr(fs, name)
+    assert flashinfer.sampling is fs
