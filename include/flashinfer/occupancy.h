@@ -62,31 +62,4 @@ inline StreamConfig stream_config(const DeviceInfo& dev, int64_t work_items, int
   return best;
 }
 
-// For latency-bound pipelines (attention): among depths 2..max_stages whose bytes in flight
-// reach min_inflight, the one with the most resident blocks (ties: the shallower); falls back
-// to stream_config() when none does.
-inline StreamConfig occupancy_first_config(const DeviceInfo& dev, int64_t work_items, int threads, int regs,
-                                           int64_t stage_bytes, int max_stages, int64_t min_inflight) {
-  StreamConfig best;
-  best.stages = 0;
-  for (int s = 2; s <= max_stages; ++s) {
-    const int64_t smem = s * stage_bytes;
-    if (smem > dev.smem_optin) break;
-    const int bps = blocks_per_sm(dev, threads, regs, smem);
-    if (bps == 0) break;
-    const int64_t inflight = int64_t{bps} * (s - 1) * stage_bytes;
-    if (inflight >= min_inflight && (best.stages == 0 || bps > best.blocks_per_sm)) {
-      best.stages = s;
-      best.blocks_per_sm = bps;
-      best.smem = smem;
-      best.inflight = inflight;
-    }
-  }
-  if (best.stages == 0) return stream_config(dev, work_items, threads, regs, stage_bytes, max_stages);
-  const int64_t full = int64_t{dev.num_sms} * best.blocks_per_sm;
-  best.grid = work_items < full ? work_items : full;
-  if (best.grid < 1) best.grid = 1;
-  return best;
-}
-
 }  // namespace flashinfer

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "../dispatch.h"
 #include "../occupancy.h"
 #include "../utils.cuh"
@@ -33,9 +35,17 @@ cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeL
   FLASHINFER_CUDA_TRY(current_device(&device));
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev, device));
-  // Decode is latency-bound as much as bandwidth-bound: prefer resident CTAs over depth.
-  StreamConfig c = occupancy_first_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), stage_bytes,
-                                          kMaxStages, kMinDecodeInflight);
+  // Pipeline depth: bandwidth-first by default; FLASHINFER_DECODE_STAGES=<n> forces n stages
+  // (a tuning knob for benchmarks, read once).
+  static const int forced = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_STAGES");
+    return e ? std::atoi(e) : 0;
+  }();
+  StreamConfig c = stream_config(dev, int64_t{1} << 40, kDecodeThreads, kernel_regs<kernel>(), stage_bytes, kMaxStages);
+  if (forced >= 2 && forced <= kMaxStages && forced * stage_bytes <= dev.smem_optin) {
+    c.stages = forced;
+    c.smem = forced * stage_bytes;
+  }
   // the merge scratch aliases the stages: use the larger of the two
   c.smem = c.smem > merge_smem ? c.smem : merge_smem;
   const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);

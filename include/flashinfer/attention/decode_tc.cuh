@@ -2,12 +2,11 @@
 // kernel, but each warp computes scores for all q heads of its group at once with m16n8k16
 // MMAs (q heads are the M rows, 8 used of 16), keeps an FA2-style online softmax in
 // registers, and multiplies P by V on the tensor cores. K/V tiles of kTcTile keys stream
-// through a cp.async pipeline into XOR-swizzled shared memory read with ldmatrix.
+// through a cp.async pipeline into padded shared-memory rows read with ldmatrix.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "../bulk_copy.cuh"
 #include "../cp_async.cuh"
 #include "../math.cuh"
 #include "../mma.cuh"
@@ -20,10 +19,9 @@ namespace attention {
 
 constexpr int kTcTile = 64;  // keys per pipeline stage (16 per warp)
 constexpr int kTcWarps = kDecodeThreads / 32;
-constexpr int kMaxTcStages = 16;
 
 // Key rows are padded by 16 bytes in shared memory, so the 8 rows an ldmatrix phase reads
-// start in 8 different 16-byte bank groups (and a bulk copy can write a row as it is).
+// start in 8 different 16-byte bank groups.
 FLASHINFER_HOST_DEVICE constexpr int decode_tc_row_bytes(int head_dim) { return head_dim * 2 + 16; }
 // Shared memory of one stage (K and V tiles) and of the epilogue scratch.
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim) {
@@ -46,7 +44,7 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodeParams<T> p, const int stages) {
   static_assert(kHeadDim % 16 == 0, "MMA k-steps of 16");
-  [[maybe_unused]] constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kNTiles = kHeadDim / 8;  // output column tiles
   constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim);
@@ -59,15 +57,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
   const float cap_log2 = p.soft_cap * detail::kLog2e;
 
-#ifdef FLASHINFER_HAS_BULK_COPY
-  __shared__ uint64_t bars[kMaxTcStages];
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) bulk::mbarrier_init(&bars[s], 1);
-    bulk::fence_init();
-  }
-  __syncthreads();
-#endif
-  uint32_t phases = 0;  // bit s: parity of stage s's next barrier phase
 
   pdl_wait();
   const int64_t n_items = p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
@@ -116,40 +105,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       const int64_t t = min(lo + tile * kTcTile + row, hi - 1);
       return paged && tile < num_tiles ? p.kv.indices[page_base + static_cast<int>(t) / page_size] : 0;
     };
-#ifdef FLASHINFER_HAS_BULK_COPY
-    // sm_90+: warp 0 streams each key row (K and V) with one bulk copy per row; the stage's
-    // mbarrier counts the bytes in. Page ids are loaded one tile ahead of their copies.
-    constexpr int kRowsPerLane = kTcTile / 32;
-    constexpr uint32_t kStageTx = 2u * kTcTile * kHeadDim * 2;
-    auto load_pages = [&](int64_t tile, int32_t* pages) {
-      if (warp != 0) return;
-      FLASHINFER_UNROLL
-      for (int i = 0; i < kRowsPerLane; ++i) pages[i] = page_of(tile, i * 32 + lane);
-    };
-    auto issue = [&](int64_t tile, int s, const int32_t* pages) {
-      if (warp != 0 || tile >= num_tiles) return;
-      char* ks_ = smem + s * kStage;
-      char* vs_ = ks_ + kStage / 2;
-      if (lane == 0) {
-        bulk::fence_proxy_async();
-        bulk::arrive_expect_tx(&bars[s], kStageTx);
-      }
-      __syncwarp();
-      FLASHINFER_UNROLL
-      for (int i = 0; i < kRowsPerLane; ++i) {
-        const int row = i * 32 + lane;
-        int64_t off_k, off_v;
-        row_offsets(tile, row, pages[i], &off_k, &off_v);
-        bulk::copy(ks_ + detail::swz<kHeadDim>(row, 0), kbase + off_k, kHeadDim * 2, &bars[s]);
-        bulk::copy(vs_ + detail::swz<kHeadDim>(row, 0), vbase + off_v, kHeadDim * 2, &bars[s]);
-      }
-    };
-    auto landed = [&](int s, int64_t) {
-      bulk::wait_parity(&bars[s], (phases >> s) & 1u);
-      phases ^= 1u << s;  // each use of a stage completes one phase of its barrier
-    };
-    constexpr int kPagesPerThread = kRowsPerLane;
-#else
     // cp.async: every thread copies 16-byte chunks of kTcTile * kChunks / threads rows.
     constexpr int kPagesPerThread = kTcTile * kChunks / kDecodeThreads;
     auto load_pages = [&](int64_t tile, int32_t* pages) {
@@ -176,7 +131,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       cp_async::wait(stages - 1);
       __syncthreads();  // every thread's copies of this stage have landed
     };
-#endif
 
     float m = neg_inf(), d = 0.f;  // online softmax of row grp (log2 units); d is this thread's share
     float o[kNTiles][4];
@@ -253,13 +207,10 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
         mma::mma_16816<T>(o[n], pa, vb);
         mma::mma_16816<T>(o[n + 1], pa, vb + 2);
       }
-      bulk::fence_proxy_async();  // these generic reads precede the stage's async refill
-      __syncthreads();            // the stage is refilled by the next iteration's issue
+      __syncthreads();  // the stage is refilled by the next iteration's issue
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
-#ifndef FLASHINFER_HAS_BULK_COPY
     cp_async::wait(0);
-#endif
     __syncthreads();
 
     // Per-warp states of rows grp < ng to the scratch, then the shared epilogue.
@@ -281,7 +232,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     }
     __syncthreads();
     detail::write_merged<T, kHeadDim, kTcWarps>(p, it, qh0, ng, so, sm, sd);
-    bulk::fence_proxy_async();  // the scratch writes precede the next item's async copies
     __syncthreads();
   }
   pdl_launch_dependents();

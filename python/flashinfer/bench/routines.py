@@ -170,3 +170,4 @@ def add_case_args(p: argparse.ArgumentParser) -> None:
 from . import routines_decode  # noqa: E402,F401  (registers its routines)
 from . import routines_rope  # noqa: E402,F401  (registers its routines)
 from . import routines_cascade  # noqa: E402,F401  (registers its routines)
+from . import routines_sampling  # noqa: E402,F401  (registers its routines)

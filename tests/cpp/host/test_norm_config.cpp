@@ -76,16 +76,6 @@ int main() {
     const StreamConfig c = stream_config(h200, 32768, l.threads, 40, norm::norm_stage_bytes(l, NormKind::kRMS));
     CHECK(c.inflight >= kTargetInflightPerSM);
   }
-  // occupancy_first_config: decode-like stages (34 KiB, 166 registers) take 3 CTAs at depth 2
-  // rather than 2 CTAs at depth 3; stream_config would pick the deeper one.
-  {
-    const StreamConfig c = occupancy_first_config(h200, int64_t{1} << 40, 128, 166, 34816, 16, 96 * 1024);
-    CHECK(c.stages == 2 && c.blocks_per_sm == 3 && c.inflight >= 96 * 1024);
-    CHECK(stream_config(h200, int64_t{1} << 40, 128, 166, 34816, 16).blocks_per_sm == 2);
-    // nothing reaches the floor: falls back to the bandwidth-first choice
-    const StreamConfig f = occupancy_first_config(h200, 10, 128, 166, 1024, 4, int64_t{1} << 30);
-    CHECK(f.stages >= 2 && f.grid == 10);
-  }
   // blocks_per_sm: registers, threads and shared memory each bind.
   CHECK(blocks_per_sm(h200, 256, 32, 0) == 8);
   CHECK(blocks_per_sm(h200, 256, 128, 0) == 2);
