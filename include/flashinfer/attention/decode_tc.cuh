@@ -2,7 +2,7 @@
 // kernel, but each warp computes scores for all q heads of its group at once with m16n8k16
 // MMAs (q heads are the M rows, 8 used of 16), keeps an FA2-style online softmax in
 // registers, and multiplies P by V on the tensor cores. K/V tiles of kTcTile keys stream
-// through a cp.async pipeline into padded shared-memory rows read with ldmatrix.
+// through a cp.async pipeline into XOR-swizzled shared memory read with ldmatrix.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,30 +20,26 @@ namespace attention {
 constexpr int kTcTile = 64;  // keys per pipeline stage (16 per warp)
 constexpr int kTcWarps = kDecodeThreads / 32;
 
-// Key rows are padded by 16 bytes in shared memory, so the 8 rows an ldmatrix phase reads
-// start in 8 different 16-byte bank groups.
-FLASHINFER_HOST_DEVICE constexpr int decode_tc_row_bytes(int head_dim) { return head_dim * 2 + 16; }
 // Shared memory of one stage (K and V tiles) and of the epilogue scratch.
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim) {
-  return int64_t{2} * kTcTile * decode_tc_row_bytes(head_dim);
-}
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim) { return int64_t{2} * kTcTile * head_dim * 2; }
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
   return int64_t{kTcWarps} * kDecodeMaxGroup * (head_dim + 2) * 4;
 }
 
 namespace detail {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a padded [rows][kHeadDim] tile.
+// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][kHeadDim] tile whose chunks
+// are XOR-swizzled by row % 8, so the 8 rows an ldmatrix phase reads hit 8 different banks.
 template <int kHeadDim>
 FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * decode_tc_row_bytes(kHeadDim) + (chunk << 4));
+  return static_cast<uint32_t>(row * kHeadDim * 2 + ((chunk ^ (row & 7)) << 4));
 }
 
 }  // namespace detail
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodeParams<T> p, const int stages) {
-  static_assert(kHeadDim % 16 == 0, "MMA k-steps of 16");
+  static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kNTiles = kHeadDim / 8;  // output column tiles
@@ -56,7 +52,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
   const bool soft_cap = p.soft_cap > 0.f;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
   const float cap_log2 = p.soft_cap * detail::kLog2e;
-
 
   pdl_wait();
   const int64_t n_items = p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
@@ -92,44 +87,36 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     const bool paged = p.contiguous_len < 0;
     const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
     const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
-    // Keys past hi are copied from key hi - 1 (finite data, masked to p = 0), so every row of
-    // a stage is written and no NaN can enter P * V.
-    auto row_offsets = [&](int64_t tile, int row, int32_t page, int64_t* off_k, int64_t* off_v) {
-      const int64_t t = min(lo + tile * kTcTile + row, hi - 1);
-      const int64_t pg = paged ? page : 0;
-      const int64_t entry = paged ? static_cast<int>(t) % page_size : t;
-      *off_k = pg * p.kv.stride_page + entry * p.kv.stride_n;
-      *off_v = pg * p.v_stride_page + entry * p.v_stride_n;
-    };
-    auto page_of = [&](int64_t tile, int row) -> int32_t {
-      const int64_t t = min(lo + tile * kTcTile + row, hi - 1);
-      return paged && tile < num_tiles ? p.kv.indices[page_base + static_cast<int>(t) / page_size] : 0;
-    };
-    // cp.async: every thread copies 16-byte chunks of kTcTile * kChunks / threads rows.
-    constexpr int kPagesPerThread = kTcTile * kChunks / kDecodeThreads;
-    auto load_pages = [&](int64_t tile, int32_t* pages) {
-      FLASHINFER_UNROLL
-      for (int i = 0; i < kPagesPerThread; ++i) pages[i] = page_of(tile, (i * kDecodeThreads + threadIdx.x) / kChunks);
-    };
-    auto issue = [&](int64_t tile, int s, const int32_t* pages) {
+    auto issue = [&](int64_t tile, int s) {
       if (tile < num_tiles) {
         char* ks_ = smem + s * kStage;
         char* vs_ = ks_ + kStage / 2;
         FLASHINFER_UNROLL
-        for (int i = 0; i < kPagesPerThread; ++i) {
+        for (int i = 0; i < kTcTile * kChunks / kDecodeThreads; ++i) {
           const int idx = i * kDecodeThreads + threadIdx.x;
           const int row = idx / kChunks, chunk = idx % kChunks;
-          int64_t off_k, off_v;
-          row_offsets(tile, row, pages[i], &off_k, &off_v);
-          cp_async::copy16(ks_ + detail::swz<kHeadDim>(row, chunk), kbase + off_k + chunk * 8);
-          cp_async::copy16(vs_ + detail::swz<kHeadDim>(row, chunk), vbase + off_v + chunk * 8);
+          const int64_t t = lo + tile * kTcTile + row;
+          const bool valid = t < hi;
+          int64_t off_k = 0, off_v = 0;
+          if (valid) {
+            int64_t page, entry;
+            if (paged) {
+              const int tt = static_cast<int>(t);
+              page = p.kv.indices[page_base + tt / page_size];
+              entry = tt % page_size;
+            } else {
+              page = 0;
+              entry = t;
+            }
+            off_k = page * p.kv.stride_page + entry * p.kv.stride_n + chunk * 8;
+            off_v = page * p.v_stride_page + entry * p.v_stride_n + chunk * 8;
+          }
+          const uint32_t so = detail::swz<kHeadDim>(row, chunk);
+          cp_async::copy16_or_zero(ks_ + so, kbase + off_k, valid);
+          cp_async::copy16_or_zero(vs_ + so, vbase + off_v, valid);
         }
       }
       cp_async::commit();
-    };
-    auto landed = [&](int, int64_t) {
-      cp_async::wait(stages - 1);
-      __syncthreads();  // every thread's copies of this stage have landed
     };
 
     float m = neg_inf(), d = 0.f;  // online softmax of row grp (log2 units); d is this thread's share
@@ -137,17 +124,12 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     FLASHINFER_UNROLL
     for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-    int32_t pages[kPagesPerThread];
-    for (int s = 0; s + 1 < stages; ++s) {
-      load_pages(s, pages);
-      issue(s, s, pages);
-    }
-    load_pages(stages - 1, pages);
+    for (int s = 0; s + 1 < stages; ++s) issue(s, s);
     int s_cur = 0;
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pages);
-      load_pages(tile + stages, pages);  // consumed by the next iteration's issue
-      landed(s_cur, tile);
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1);
+      cp_async::wait(stages - 1);
+      __syncthreads();  // every thread's copies of this stage have landed
       const char* ks_ = smem + s_cur * kStage;
       const char* vs_ = ks_ + kStage / 2;
       const int row0 = warp * 16;  // this warp's 16 keys of the tile
