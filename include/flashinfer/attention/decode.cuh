@@ -43,20 +43,40 @@ FLASHINFER_DEVICE void rope_rotate(float* x, const float* inv_freq, int tx, int6
   }
 }
 
+// One work item, resolved: the request, its q-head unit (kv head, first q head, heads
+// used), the request's key count, and the key range [lo, hi) with the sliding window applied.
 struct Item {
   int64_t request, unit, lo, hi, slot;
+  int kv_head, qh0, ng;
+  int64_t kv_len;
 };
 
 template <typename T>
+FLASHINFER_DEVICE int64_t num_items(const DecodeParams<T>& p) {
+  return p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
+}
+
+template <typename T>
 FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
+  Item it;
   if (p.items) {
     const DecodeWorkItem w = p.items[i];
-    return {w.request, w.unit, w.kv_begin, w.kv_end, w.slot};
+    it.request = w.request, it.unit = w.unit, it.lo = w.kv_begin, it.hi = w.kv_end, it.slot = w.slot;
+    it.kv_len = p.kv_len(it.request);
+  } else {
+    const int64_t units = int64_t{p.num_kv_heads} * p.sub_groups;
+    const int64_t chunk = i / units;
+    it.kv_len = p.kv_len(0);
+    it.request = 0, it.unit = i % units, it.slot = p.implicit_chunks > 1 ? chunk : -1;
+    it.lo = min(it.kv_len, chunk * p.implicit_chunk);
+    it.hi = min(it.kv_len, (chunk + 1) * p.implicit_chunk);
   }
-  const int64_t units = int64_t{p.num_kv_heads} * p.sub_groups;
-  const int64_t chunk = i / units, len = p.kv_len(0);
-  const int64_t lo = min(len, chunk * p.implicit_chunk), hi = min(len, (chunk + 1) * p.implicit_chunk);
-  return {0, i % units, lo, hi, p.implicit_chunks > 1 ? chunk : -1};
+  const int sub = static_cast<int>(it.unit % p.sub_groups);
+  it.kv_head = static_cast<int>(it.unit / p.sub_groups);
+  it.qh0 = it.kv_head * p.group_size + sub * kDecodeMaxGroup;
+  it.ng = min(kDecodeMaxGroup, p.group_size - sub * kDecodeMaxGroup);
+  if (p.window_left >= 0) it.lo = max(it.lo, it.kv_len - 1 - p.window_left);  // keys left of the window
+  return it;
 }
 
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
@@ -159,17 +179,11 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   }
 
   pdl_wait();
-  const int64_t n_items = p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
+  const int64_t n_items = detail::num_items(p);
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const detail::Item it = detail::get_item(p, item);
-    const int64_t b = it.request;
-    const int kv_head = static_cast<int>(it.unit / p.sub_groups);
-    const int qh0 = kv_head * p.group_size + static_cast<int>(it.unit % p.sub_groups) * kDecodeMaxGroup;
-    const int ng = min(kG, p.group_size - static_cast<int>(it.unit % p.sub_groups) * kDecodeMaxGroup);
-    const int64_t kv_len = p.kv_len(b);
-    int64_t lo = it.lo;
-    const int64_t hi = it.hi;
-    if (p.window_left >= 0) lo = max(lo, kv_len - 1 - p.window_left);  // keys left of the window
+    const int64_t b = it.request, kv_len = it.kv_len, lo = it.lo, hi = it.hi;
+    const int kv_head = it.kv_head, qh0 = it.qh0, ng = min(kG, it.ng);
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kTy) : 0;
 
     // q for this CTA's heads, 8 features per thread, RoPE'd at position kv_len - 1, scaled.

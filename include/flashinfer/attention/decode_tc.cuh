@@ -54,17 +54,11 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
   const float cap_log2 = p.soft_cap * detail::kLog2e;
 
   pdl_wait();
-  const int64_t n_items = p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
+  const int64_t n_items = detail::num_items(p);
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const detail::Item it = detail::get_item(p, item);
-    const int64_t b = it.request;
-    const int kv_head = static_cast<int>(it.unit / p.sub_groups);
-    const int qh0 = kv_head * p.group_size + static_cast<int>(it.unit % p.sub_groups) * kDecodeMaxGroup;
-    const int ng = min(kDecodeMaxGroup, p.group_size - static_cast<int>(it.unit % p.sub_groups) * kDecodeMaxGroup);
-    const int64_t kv_len = p.kv_len(b);
-    int64_t lo = it.lo;
-    const int64_t hi = it.hi;
-    if (p.window_left >= 0) lo = max(lo, kv_len - 1 - p.window_left);
+    const int64_t b = it.request, lo = it.lo, hi = it.hi;
+    const int kv_head = it.kv_head, qh0 = it.qh0, ng = it.ng;
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kTcTile) : 0;
 
     // q rows (heads) as MMA A fragments: row grp = head qh0 + grp; rows grp + 8 are zero.
