@@ -20,6 +20,13 @@ FLASHINFER_DEVICE void ldmatrix_x4(uint32_t* r, const void* smem_row) {
                : "r"(cp_async::smem_addr(smem_row)));
 }
 
+// Two 8x8 b16 matrices; lanes 0-15 supply the row addresses.
+FLASHINFER_DEVICE void ldmatrix_x2(uint32_t* r, const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(cp_async::smem_addr(smem_row)));
+}
+
 FLASHINFER_DEVICE void ldmatrix_x4_trans(uint32_t* r, const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -1,7 +1,7 @@
 // Tensor-core decode kernel: the same work items and epilogue as decode.cuh's CUDA-core
 // kernel, but each warp computes scores for all q heads of its group at once with m16n8k16
-// MMAs (q heads are the M rows, 8 used of 16), keeps an FA2-style online softmax in
-// registers, and multiplies P by V on the tensor cores. K/V tiles of kTcTile keys stream
+// MMAs in the transposed form S^T = K q^T (16 keys as M, 8 heads as N: no padded rows),
+// keeps an online softmax per head in registers, and accumulates O^T += V^T P^T. K/V tiles of kTcTile keys stream
 // through a cp.async pipeline into XOR-swizzled shared memory read with ldmatrix.
 #pragma once
 
@@ -42,9 +42,10 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
   static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
   constexpr int kKSteps = kHeadDim / 16;
-  constexpr int kNTiles = kHeadDim / 8;  // output column tiles
+  constexpr int kMTiles = kHeadDim / 16;  // 16-dim tiles of O^T
   constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim);
   extern __shared__ uint4 smem_u4[];
+  __shared__ __align__(16) T sP[kTcWarps * kDecodeMaxGroup * 16];
   char* smem = reinterpret_cast<char*>(smem_u4);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = lane >> 2, tig = lane & 3;  // MMA fragment coordinates
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     const int kv_head = it.kv_head, qh0 = it.qh0, ng = it.ng;
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kTcTile) : 0;
 
-    // q rows (heads) as MMA A fragments: row grp = head qh0 + grp; rows grp + 8 are zero.
+    // q as the MMA B operand (k = dims, n = heads): lane (grp, tig) holds head qh0 + grp.
     uint32_t qa[kKSteps][2];
     {
       const bool row_ok = grp < ng;
@@ -74,7 +75,13 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
         qa[ks][1] = row_ok ? hi2 : 0u;
       }
     }
-    const float slope = alibi && grp < ng ? detail::alibi_slope(qh0 + grp, p.num_qo_heads) * detail::kLog2e : 0.f;
+    // This thread's heads: h = tig * 2 + e (columns of S^T = K q^T and of O^T).
+    float slope[2];
+    FLASHINFER_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const int h = tig * 2 + e;
+      slope[e] = alibi && h < ng ? detail::alibi_slope(qh0 + h, p.num_qo_heads) * detail::kLog2e : 0.f;
+    }
 
     const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h;
     const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h;
@@ -113,10 +120,12 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       cp_async::commit();
     };
 
-    float m = neg_inf(), d = 0.f;  // online softmax of row grp (log2 units); d is this thread's share
-    float o[kNTiles][4];
+    // Online softmax per head (log2 units); d is this thread's share of its 2 keys per tile.
+    float m[2] = {neg_inf(), neg_inf()}, d[2] = {0.f, 0.f};
+    float o[kMTiles][4];  // O^T: dims mt*16 + grp (+8) x heads tig*2 + {0, 1}
     FLASHINFER_UNROLL
-    for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < kMTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    T* sp = sP + warp * kDecodeMaxGroup * 16;  // this warp's P^T staging [head][16 keys]
 
     for (int s = 0; s + 1 < stages; ++s) issue(s, s);
     int s_cur = 0;
@@ -127,83 +136,95 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       const char* ks_ = smem + s_cur * kStage;
       const char* vs_ = ks_ + kStage / 2;
       const int row0 = warp * 16;  // this warp's 16 keys of the tile
-      // S = q K^T for keys row0..row0+15: two n-tiles of 8 keys.
+      // S^T = K q^T (16 keys x 8 heads): K rows are the A operand, q the B operand; even and
+      // odd k-steps accumulate separately to halve the dependent MMA chain.
       float sc[2][4] = {};
       FLASHINFER_UNROLL
-      for (int ks = 0; ks < kKSteps; ks += 2) {
-        FLASHINFER_UNROLL
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t kb[4];  // B fragments for k-steps ks and ks+1
-          mma::ldmatrix_x4(kb, ks_ + detail::swz<kHeadDim>(row0 + nt * 8 + (lane & 7), ks * 2 + (lane >> 3)));
-          const uint32_t a0[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
-          const uint32_t a1[4] = {qa[ks + 1][0], 0u, qa[ks + 1][1], 0u};
-          mma::mma_16816<T>(sc[nt], a0, kb);
-          mma::mma_16816<T>(sc[nt], a1, kb + 2);
-        }
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t ka[4];
+        mma::ldmatrix_x4(ka, ks_ + detail::swz<kHeadDim>(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4)));
+        mma::mma_16816<T>(sc[ks & 1], ka, qa[ks]);
       }
-      // Scores of row grp: keys row0 + nt*8 + tig*2 + {0, 1}.
-      const int64_t t0 = lo + tile * kTcTile + row0;
-      float tile_max = neg_inf();
+      // x[r][e]: key row0 + grp + 8r, head tig*2 + e.
+      const int64_t t0 = lo + tile * kTcTile + row0 + grp;
+      float x[2][2];
       FLASHINFER_UNROLL
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int r = 0; r < 2; ++r) {
         FLASHINFER_UNROLL
         for (int e = 0; e < 2; ++e) {
-          const int64_t t = t0 + nt * 8 + tig * 2 + e;
-          float x = sc[nt][e];
-          x = soft_cap ? cap_log2 * tanhf(x * s_scale) : x * s_scale;
-          x += slope * float(t);
-          if (t >= hi) x = neg_inf();
-          sc[nt][e] = x;
-          tile_max = fmaxf(tile_max, x);
+          const int64_t t = t0 + 8 * r;
+          float v = sc[0][2 * r + e] + sc[1][2 * r + e];
+          v = soft_cap ? cap_log2 * tanhf(v * s_scale) : v * s_scale;
+          v += slope[e] * float(t);
+          x[r][e] = t < hi ? v : neg_inf();
         }
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float m_new = fmaxf(m, tile_max);
-      const float scale = m_new == neg_inf() ? 1.f : exp2f(m - m_new);
-      float pr[2][2];
+      float scale[2], pr[2][2];
       FLASHINFER_UNROLL
-      for (int nt = 0; nt < 2; ++nt)
+      for (int e = 0; e < 2; ++e) {
+        float tmax = fmaxf(x[0][e], x[1][e]);
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
+        const float m_new = fmaxf(m[e], tmax);
+        scale[e] = m_new == neg_inf() ? 1.f : exp2f(m[e] - m_new);
         FLASHINFER_UNROLL
-        for (int e = 0; e < 2; ++e) pr[nt][e] = m_new == neg_inf() ? 0.f : exp2f(sc[nt][e] - m_new);
-      d = d * scale + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
-      m = m_new;
-      FLASHINFER_UNROLL
-      for (int n = 0; n < kNTiles; ++n) {
-        o[n][0] *= scale;
-        o[n][1] *= scale;
+        for (int r = 0; r < 2; ++r) pr[r][e] = m_new == neg_inf() ? 0.f : exp2f(x[r][e] - m_new);
+        d[e] = d[e] * scale[e] + pr[0][e] + pr[1][e];
+        m[e] = m_new;
       }
-      // O += P V: P (row grp, 16 keys) is the A operand; V^T fragments come from ldmatrix.trans.
-      const uint32_t pa[4] = {mma::pack2<T>(pr[0][0], pr[0][1]), 0u, mma::pack2<T>(pr[1][0], pr[1][1]), 0u};
       FLASHINFER_UNROLL
-      for (int n = 0; n < kNTiles; n += 2) {
-        uint32_t vb[4];  // B fragments for column tiles n and n+1
-        mma::ldmatrix_x4_trans(vb, vs_ + detail::swz<kHeadDim>(row0 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                                 n + (lane >> 4)));
-        mma::mma_16816<T>(o[n], pa, vb);
-        mma::mma_16816<T>(o[n + 1], pa, vb + 2);
+      for (int n = 0; n < kMTiles; ++n) {
+        o[n][0] *= scale[0];
+        o[n][1] *= scale[1];
+        o[n][2] *= scale[0];
+        o[n][3] *= scale[1];
       }
-      __syncthreads();  // the stage is refilled by the next iteration's issue
+      // P^T as the B operand of O^T += V^T P^T: stage it as [head][key] and ldmatrix it back.
+      FLASHINFER_UNROLL
+      for (int r = 0; r < 2; ++r)
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 2; ++e) sp[(tig * 2 + e) * 16 + grp + 8 * r] = from_float<T>(pr[r][e]);
+      __syncwarp();
+      uint32_t pb[2];
+      mma::ldmatrix_x2(pb, sp + (lane & 7) * 16 + ((lane >> 3) & 1) * 8);
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kMTiles; ++n) {
+        uint32_t va[4];  // V^T (dims n*16.. x 16 keys) from V rows via ldmatrix.trans
+        mma::ldmatrix_x4_trans(va, vs_ + detail::swz<kHeadDim>(row0 + (lane & 7) + (lane >> 4) * 8,
+                                                                 2 * n + ((lane >> 3) & 1)));
+        mma::mma_16816<T>(o[n], va, pb);
+      }
+      __syncthreads();  // the stage (and sp) are rewritten by the next iteration
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
     cp_async::wait(0);
     __syncthreads();
 
-    // Per-warp states of rows grp < ng to the scratch, then the shared epilogue.
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    // Per-warp states of the heads to the scratch, then the shared epilogue.
+    FLASHINFER_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      d[e] += __shfl_xor_sync(0xffffffffu, d[e], 4);
+      d[e] += __shfl_xor_sync(0xffffffffu, d[e], 8);
+      d[e] += __shfl_xor_sync(0xffffffffu, d[e], 16);
+    }
     float* so = reinterpret_cast<float*>(smem);
     float* sm = so + kTcWarps * kDecodeMaxGroup * kHeadDim;
     float* sd = sm + kTcWarps * kDecodeMaxGroup;
-    if (grp < kDecodeMaxGroup) {
+    FLASHINFER_UNROLL
+    for (int n = 0; n < kMTiles; ++n) {
       FLASHINFER_UNROLL
-      for (int n = 0; n < kNTiles; ++n) {
-        so[(warp * kDecodeMaxGroup + grp) * kHeadDim + n * 8 + tig * 2] = o[n][0];
-        so[(warp * kDecodeMaxGroup + grp) * kHeadDim + n * 8 + tig * 2 + 1] = o[n][1];
+      for (int e = 0; e < 2; ++e) {
+        float* row = so + (warp * kDecodeMaxGroup + tig * 2 + e) * kHeadDim + n * 16 + grp;
+        row[0] = o[n][e];
+        row[8] = o[n][2 + e];
       }
-      if (tig == 0) {
-        sm[warp * kDecodeMaxGroup + grp] = m;
-        sd[warp * kDecodeMaxGroup + grp] = d;
+    }
+    if (grp == 0) {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        sm[warp * kDecodeMaxGroup + tig * 2 + e] = m[e];
+        sd[warp * kDecodeMaxGroup + tig * 2 + e] = d[e];
       }
     }
     __syncthreads();
