@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common.h"
@@ -382,6 +383,53 @@ void chain_speculative_sampling(MutTensor draft_probs, MutTensor draft_ids, MutT
   on_device(op, dev, [&] { return fb::chain_speculative_launch(cp, fb::as_stream(stream)); });
 }
 
+// The k largest per row: values [rows, k] (input dtype) and int64 indices [rows, k].
+void top_k(MutTensor input, MutTensor values, MutTensor indices, int64_t k, int tie_break, uintptr_t stream, bool pdl) {
+  const char* op = "top_k";
+  const fb::Checker c{op};
+  const Rows r = rows_of(c, input, "input");
+  const fb::DType dt = fb::dtype_of(input);
+  if (dt != fb::DType::kF32 && dt != fb::DType::kF16 && dt != fb::DType::kBF16)
+    fb::fail(std::string(op) + ": input.dtype must be float32, float16 or bfloat16; got " + fb::dtype_name(input));
+  if (k < 1 || k > r.vocab)
+    fb::fail(std::string(op) + ": k must be in [1, input.shape[1]] = [1, " + str(r.vocab) + "]; got " + str(k));
+  if (tie_break < 0 || tie_break > 2)
+    fb::fail(std::string(op) + ": tie_break must be 0 (NONE), 1 (SMALL) or 2 (LARGE); got " + str(tie_break));
+  for (auto [t, name, want] : {std::tuple<MutTensor*, const char*, fb::DType>{&values, "values", dt},
+                               {&indices, "indices", fb::DType::kI64}}) {
+    c.ndim_in(*t, name, {2}, "2-D [batch_size, k]");
+    c.dim_is(*t, name, 0, r.rows, "input.shape[0]");
+    c.dim_is(*t, name, 1, k, "k");
+    c.dtype_is(*t, name, want);
+    if (r.rows > 0 && (t->stride(1) != 1 || (r.rows > 1 && t->stride(0) != k)))
+      fb::fail(std::string(op) + ": " + name + " must be contiguous");
+  }
+  const OptTensor i(input), v(values), x(indices);
+  const int dev = device_of(c, {{&i, "input"}, {&v, "values"}, {&x, "indices"}});
+  if (r.rows == 0) return;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    fs::TopKParams<T> tp;
+    tp.in = static_cast<const T*>(input.data());
+    tp.values = static_cast<T*>(values.data());
+    tp.indices = static_cast<int64_t*>(indices.data());
+    tp.in_stride = r.stride;
+    tp.rows = r.rows;
+    tp.vocab = r.vocab;
+    tp.k = static_cast<int>(k);
+    tp.tie_break = static_cast<fs::TopKTieBreak>(tie_break);
+    tp.pdl = pdl && fb::device_supports_pdl(dev);
+    on_device(op, dev, [&] { return fs::TopK(tp, fb::as_stream(stream)); });
+  };
+  if (dt == fb::DType::kF16) {
+    run(__half{});
+  } else if (dt == fb::DType::kBF16) {
+    run(__nv_bfloat16{});
+  } else {
+    run(float{});
+  }
+}
+
 }  // namespace
 
 NB_MODULE(_sampling, m) {
@@ -398,6 +446,7 @@ NB_MODULE(_sampling, m) {
   m.def("chain_speculative_sampling", &chain_speculative_sampling, "draft_probs"_a, "draft_token_ids"_a,
         "target_probs"_a, "out"_a, "accepted"_a, "emitted"_a, "seed_arr"_a.none(), "seed"_a, "offset_arr"_a.none(),
         "offset"_a, "stream"_a, "enable_pdl"_a);
+  m.def("top_k", &top_k, "input"_a, "values"_a, "indices"_a, "k"_a, "tie_break"_a, "stream"_a, "enable_pdl"_a);
   m.attr("FILTER_TOP_K") = int(kTopK);
   m.attr("FILTER_TOP_P") = int(kTopP);
   m.attr("FILTER_MIN_P") = int(kMinP);

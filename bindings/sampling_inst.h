@@ -19,6 +19,8 @@ template <typename T>
 cudaError_t Renorm(const RenormParams<T>& p, cudaStream_t stream);
 template <typename IdT>
 cudaError_t LogitsSampling(const LogitsSamplingParams<IdT>& p, cudaStream_t stream);
+template <typename T>
+cudaError_t TopK(const TopKParams<T>& p, cudaStream_t stream);
 }  // namespace sampling
 }  // namespace flashinfer
 

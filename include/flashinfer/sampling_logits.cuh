@@ -33,9 +33,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) SoftmaxKernel(const __grid_con
         rd.fill(elem(step, k), raw[k]);
         float y[4];
         float vm = -INFINITY;
+        const int i = elem(step, k);
         FLASHINFER_UNROLL
         for (int e = 0; e < 4; ++e) {
-          y[e] = scaled(raw[k].v[e]);
+          y[e] = i + e < p.vocab ? scaled(raw[k].v[e]) : -INFINITY;  // (padding is NaN)
           vm = fmaxf(vm, y[e]);
         }
         if (vm > m) {

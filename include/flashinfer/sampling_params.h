@@ -119,6 +119,23 @@ struct ChainSpeculativeParams {
   bool pdl = false;
 };
 
+// The k largest of each row (flashinfer.top_k): every element above the k-th largest, then
+// k - (their count) of the ties at it, by index (the smallest, or the largest for kLarge).
+enum class TopKTieBreak : int { kNone = 0, kSmall = 1, kLarge = 2 };
+
+template <typename T>
+struct TopKParams {
+  const T* in = nullptr;        // [rows, vocab], row r at in + r * in_stride
+  T* values = nullptr;          // [rows, k] contiguous
+  int64_t* indices = nullptr;   // [rows, k] contiguous
+  int64_t in_stride = 0;
+  int64_t rows = 0;
+  int vocab = 0;
+  int k = 0;
+  TopKTieBreak tie_break = TopKTieBreak::kNone;
+  bool pdl = false;
+};
+
 // ---- launch arithmetic ------------------------------------------------------------------------
 
 // 512 threads with up to 128 registers each: 32 elements (128 bytes of fp32) per thread in
@@ -224,6 +241,14 @@ Status validate(const LogitsSamplingParams<IdT>& p) {
   if (check_rows(p.rows, p.vocab, p.batch) != Status::kSuccess) return Status::kInvalidArgument;
   if (p.batch > 0 && (!p.out || (p.rows > 0 && !p.logits))) return Status::kInvalidArgument;
   if (p.rows > 1 && p.row_stride < p.vocab) return Status::kInvalidArgument;
+  return Status::kSuccess;
+}
+
+template <typename T>
+Status validate(const TopKParams<T>& p) {
+  if (check_rows(p.rows, p.vocab, 0) != Status::kSuccess) return Status::kInvalidArgument;
+  if (p.k < 1 || p.k > p.vocab) return Status::kInvalidArgument;
+  if (p.rows > 0 && (!p.in || !p.values || !p.indices)) return Status::kInvalidArgument;
   return Status::kSuccess;
 }
 

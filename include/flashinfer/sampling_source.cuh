@@ -17,7 +17,8 @@
 namespace flashinfer {
 namespace sampling {
 
-// One row of T, 16 bytes per thread per tile; -inf past the end (never a candidate).
+// One row of T, 16 bytes per thread per tile; NaN past the end (its key is below every pivot,
+// so padding is never counted, gathered or picked).
 template <typename T>
 struct RowReader {
   static constexpr int kVec = 16 / sizeof(T);
@@ -39,7 +40,7 @@ struct RowReader {
       v.load(row + i);
     } else {
       FLASHINFER_UNROLL
-      for (int e = 0; e < kVec; ++e) v.v[e] = i + e < n ? row[i + e] : from_float<T>(-INFINITY);
+      for (int e = 0; e < kVec; ++e) v.v[e] = i + e < n ? row[i + e] : from_float<T>(NAN);
     }
     return v;
   }
@@ -47,6 +48,8 @@ struct RowReader {
     if (i < cache_elems) *reinterpret_cast<Raw*>(cache() + i) = v;
   }
   FLASHINFER_DEVICE static void to_float(const Raw& v, float (&f)[kVec]) { v.to_float(f); }
+  // Element i (< n) as stored.
+  FLASHINFER_DEVICE T at(int i) const { return i < cache_elems ? cache()[i] : row[i]; }
 };
 
 // relu(target - draft) of two fp32 rows (speculative resampling); nothing cached.
@@ -68,7 +71,7 @@ struct DiffReader {
       for (int e = 0; e < kVec; ++e) t.v[e] = fmaxf(t.v[e] - d.v[e], 0.f);
     } else {
       FLASHINFER_UNROLL
-      for (int e = 0; e < kVec; ++e) t.v[e] = i + e < n ? fmaxf(target[i + e] - draft[i + e], 0.f) : -INFINITY;
+      for (int e = 0; e < kVec; ++e) t.v[e] = i + e < n ? fmaxf(target[i + e] - draft[i + e], 0.f) : NAN;
     }
     return t;
   }
@@ -142,7 +145,7 @@ struct GlobalSource {
               s[m] += gt ? x : 0.f;
             }
             if (kFirst) {
-              nan |= x != x;
+              nan |= x != x && elem(step, k) + e < rd.n;  // (padding is NaN)
               mx = fmaxf(mx, x);
               if (key > piv[0]) mn = fminf(mn, x);
             }

@@ -17,7 +17,8 @@ from . import page, rope
 from . import cascade
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
-from . import sampling
+from . import sampling, topk
+from .topk import TopKTieBreak, top_k
 from .sampling import (
     chain_speculative_sampling,
     min_p_sampling_from_probs,
@@ -99,4 +100,7 @@ __all__ = [
     "top_k_renorm_prob",
     "top_k_mask_logits",
     "chain_speculative_sampling",
+    "topk",
+    "top_k",
+    "TopKTieBreak",
 ]

@@ -204,3 +204,24 @@ def test_numpy_and_top_level_exports():
     for name in fs.__all__:
         assert getattr(flashinfer, name) is getattr(fs, name)
     assert flashinfer.sampling is fs
+
+
+def test_top_k_arguments():
+    from flashinfer.topk import TopKTieBreak, top_k
+
+    x = torch.randn(3, 40)
+    with pytest.raises(ValueError, match=ON_CPU):
+        top_k(x, 5)
+    with pytest.raises(ValueError, match=ON_CPU):
+        top_k(x.to(torch.bfloat16), 40, sorted=True, tie_break=TopKTieBreak.LARGE)
+    with pytest.raises(ValueError, match=re.escape("top_k: k must be in [1, input.shape[1]] = [1, 40]; got 41")):
+        top_k(x, 41)
+    with pytest.raises(ValueError, match=re.escape("top_k: k must be in [1, input.shape[1]] = [1, 40]; got 0")):
+        top_k(x, 0)
+    with pytest.raises(ValueError, match="top_k: tie_break must be 0 \\(NONE\\), 1 \\(SMALL\\) or 2 \\(LARGE\\); got 3"):
+        top_k(x, 5, tie_break=3)
+    with pytest.raises(ValueError, match="top_k: input must be 2-D"):
+        top_k(x[0], 5)
+    with pytest.raises(ValueError, match="top_k: input.dtype must be float32, float16 or bfloat16; got int32"):
+        top_k(x.int(), 5)
+    assert flashinfer.top_k is top_k and flashinfer.TopKTieBreak is TopKTieBreak
