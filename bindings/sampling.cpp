@@ -25,8 +25,11 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+// torch exports bool as DLPack Bool; older producers as UInt8 (same one-byte 0/1 layout).
 bool is_bool(const MutTensor& t) {
-  return t.dtype().code == uint8_t(nb::dlpack::dtype_code::Bool) && t.dtype().bits == 8 && t.dtype().lanes == 1;
+  const auto code = t.dtype().code;
+  return (code == uint8_t(nb::dlpack::dtype_code::Bool) || code == uint8_t(nb::dlpack::dtype_code::UInt)) &&
+         t.dtype().bits == 8 && t.dtype().lanes == 1;
 }
 bool is_u64(const MutTensor& t) {
   return t.dtype().code == uint8_t(nb::dlpack::dtype_code::UInt) && t.dtype().bits == 64 && t.dtype().lanes == 1;
