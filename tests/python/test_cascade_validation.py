@@ -11,7 +11,6 @@ last tests call the raw binding with DLPack capsules that claim CUDA memory.
 
 from __future__ import annotations
 
-import ctypes
 import re
 
 import pytest
@@ -20,6 +19,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import flashinfer  # noqa: E402
+from fake_dlpack import K_DL_CPU, K_DL_CUDA, FakeTensor  # noqa: E402
 from flashinfer import _cascade, _cuda  # noqa: E402
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -356,61 +356,7 @@ def test_non_tensor_mask_is_a_type_error_naming_it():
 
 # --- the raw binding with DLPack capsules that claim CUDA memory ------------------------------------
 
-K_DL_CPU, K_DL_CUDA = 1, 2
-DL_CODES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "bool": (6, 8), "u8": (1, 8)}
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class DLManagedTensor(ctypes.Structure):
-    pass
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
-
-_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-_PyCapsule_New.restype = ctypes.py_object
-_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-
-@DELETER
-def _no_op_deleter(_managed):
-    pass
-
-
-class Fake:
-    """A contiguous DLPack capsule of `dtype` describing a made-up address (never dereferenced:
-    every call below fails before a launch). Keep the object alive while the capsule is used."""
-
-    def __init__(self, shape, dtype="f16", device_type=K_DL_CUDA, device_id=0, data=0x10000):
-        n = len(shape)
-        self.shape = (ctypes.c_int64 * n)(*shape)
-        strides, step = [], 1
-        for s in reversed(shape):
-            strides.insert(0, step)
-            step *= s
-        self.strides = (ctypes.c_int64 * n)(*strides)
-        self.managed = DLManagedTensor()
-        t = self.managed.dl_tensor
-        t.data, t.device, t.ndim = data, DLDevice(device_type, device_id), n
-        code, bits = DL_CODES[dtype]
-        t.dtype = DLDataType(code, bits, 1)
-        t.shape, t.strides, t.byte_offset = self.shape, self.strides, 0
-        self.managed.deleter = _no_op_deleter
-        self.capsule = _PyCapsule_New(ctypes.addressof(self.managed), b"dltensor", None)
+Fake = FakeTensor
 
 
 def _merge_state_fakes(seq=2, heads=3, d=64, **overrides):

@@ -9,7 +9,6 @@ The last tests call the raw binding with hand-built DLPack capsules that claim C
 
 from __future__ import annotations
 
-import ctypes
 import re
 
 import pytest
@@ -18,6 +17,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import flashinfer  # noqa: E402
+from fake_dlpack import K_DL_CPU, FakeTensor  # noqa: E402
 from flashinfer import _cuda, _norm  # noqa: E402
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -343,62 +343,7 @@ def test_fused_add_residual_aliasing_input_is_rejected(name):
 
 # --- the raw binding with DLPack capsules that claim CUDA memory ------------------------------
 
-K_DL_CPU, K_DL_CUDA = 1, 2
-K_DL_FLOAT = 2
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class DLManagedTensor(ctypes.Structure):
-    pass
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
-
-_CAPSULE_NAME = b"dltensor"
-_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-_PyCapsule_New.restype = ctypes.py_object
-_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-
-@DELETER
-def _no_op_deleter(_managed):  # the memory below is owned by the FakeCudaTensor object
-    pass
-
-
-class FakeCudaTensor:
-    """A float16 DLPack capsule describing memory at a made-up address on a CUDA device
-    (nothing ever dereferences it: the call fails before any launch). Keep this object alive
-    for as long as the capsule may be used."""
-
-    def __init__(self, shape, device_type=K_DL_CUDA, device_id=0, data=0x1000):
-        n = len(shape)
-        self.shape = (ctypes.c_int64 * n)(*shape)
-        strides, step = [], 1
-        for s in reversed(shape):
-            strides.insert(0, step)
-            step *= s
-        self.strides = (ctypes.c_int64 * n)(*strides)
-        self.managed = DLManagedTensor()
-        t = self.managed.dl_tensor
-        t.data, t.device, t.ndim = data, DLDevice(device_type, device_id), n
-        t.dtype = DLDataType(K_DL_FLOAT, 16, 1)
-        t.shape, t.strides, t.byte_offset = self.shape, self.strides, 0
-        self.managed.deleter = _no_op_deleter
-        self.capsule = _PyCapsule_New(ctypes.addressof(self.managed), _CAPSULE_NAME, None)
+FakeCudaTensor = FakeTensor  # float16 by default
 
 
 def test_raw_binding_without_a_gpu_raises_a_clear_runtime_error():
