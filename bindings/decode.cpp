@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -45,6 +46,27 @@ int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode
     if (err != cudaSuccess) fb::throw_cuda("decode plan", err);
   });
   return ctas;
+}
+
+// Split-KV tuning knobs for benchmarks, read once: FLASHINFER_DECODE_WAVES (aim at this many
+// CTA waves instead of searching), FLASHINFER_DECODE_MIN_CHUNK (fewest keys per chunk) and
+// FLASHINFER_DECODE_ITEM_COST (the planner's fixed cost per work item, in keys).
+void apply_split_knobs(flashinfer::attention::DecodePlanConfig* cfg) {
+  static const int waves = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_WAVES");
+    return e ? std::atoi(e) : 0;
+  }();
+  static const int64_t min_chunk = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_MIN_CHUNK");
+    return e ? std::atoll(e) : int64_t{0};
+  }();
+  static const int64_t item_cost = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_ITEM_COST");
+    return e ? std::atoll(e) : int64_t{-1};
+  }();
+  if (item_cost >= 0) cfg->item_cost = item_cost;
+  if (waves > 0) cfg->waves = waves;
+  if (min_chunk > 0) cfg->min_chunk = min_chunk;
 }
 
 void check_head_dim(const char* op, int64_t head_dim) {
@@ -275,6 +297,7 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   cfg.page_size = page_size;
   cfg.disable_split_kv = disable_split_kv;
   cfg.fixed_split_tokens = fixed_split_tokens;
+  apply_split_knobs(&cfg);
   std::vector<int64_t> lens(kv_lens.data(), kv_lens.data() + kv_lens.shape(0));
   const auto pl = flashinfer::attention::plan_decode(lens, cfg);
   const size_t n = pl.items.size();
@@ -296,6 +319,7 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
                                 &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
+  apply_split_knobs(&cfg);
   const auto pl = flashinfer::attention::plan_decode({kv_len}, cfg);
   const int64_t chunks = pl.merge[0].num_chunks;
   const int64_t chunk = chunks > 1 ? (kv_len + chunks - 1) / chunks : (kv_len > 0 ? kv_len : 1);

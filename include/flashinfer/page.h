@@ -52,6 +52,25 @@ struct PagedKV {
   }
 };
 
+// Walks the positions pos, pos + step, pos + 2 step, ... of one request as (page slot, entry)
+// pairs -- slot indexes the request's page list, indices[indptr[b] + slot] -- with one division
+// at the start and none per step (a 32-bit division is ~20 instructions in a kernel's address
+// loop). Positions and page sizes fit in 32 bits (the decode kernels' key ranges do).
+struct PageCursor {
+  int32_t slot, entry, page_size, step_slots, step_entry;
+  FLASHINFER_HOST_DEVICE PageCursor(int32_t pos, int32_t page_size_, int32_t step)
+      : slot(pos / page_size_), entry(pos % page_size_), page_size(page_size_), step_slots(step / page_size_),
+        step_entry(step % page_size_) {}
+  FLASHINFER_HOST_DEVICE void advance() {
+    slot += step_slots;
+    entry += step_entry;
+    if (entry >= page_size) {
+      entry -= page_size;
+      ++slot;
+    }
+  }
+};
+
 // Strides of a contiguous-per-page cache tensor in `layout` (the binding passes the real
 // strides of whatever tensor it got; this is the dense case).
 struct PageStrides {
@@ -83,12 +102,24 @@ FLASHINFER_HOST_DEVICE int32_t locate_checked(const PagedKV<DType, IdType>& kv, 
   if (b < 0 || b >= kv.batch_size) return kBadBatchIndex;
   if (pos < 0) return kBadPosition;
   const int64_t begin = int64_t(kv.indptr[b]), end = int64_t(kv.indptr[b + 1]);
-  const int64_t slot = begin + pos / kv.page_size;
+  // pos / page_size and pos % page_size in 32 bits when they fit (a 64-bit division is a
+  // ~60-instruction subroutine on the device)
+  int64_t quot, rem;
+  if (pos <= 0xffffffffLL && kv.page_size <= 0xffffffffLL) {
+    const uint32_t p32 = static_cast<uint32_t>(pos), ps32 = static_cast<uint32_t>(kv.page_size);
+    const uint32_t q32 = p32 / ps32;
+    quot = q32;
+    rem = p32 - q32 * ps32;
+  } else {
+    quot = pos / kv.page_size;
+    rem = pos % kv.page_size;
+  }
+  const int64_t slot = begin + quot;
   if (begin < 0 || slot >= end || slot >= num_indices) return kPageNotInTable;
   const int64_t id = int64_t(kv.indices[slot]);
   if (id < 0 || id >= max_num_pages) return kBadPageId;
   *page = id;
-  *entry = pos % kv.page_size;
+  *entry = rem;
   return 0;
 }
 
@@ -139,6 +170,9 @@ constexpr int kAppendThreads = 256;
 
 struct AppendLaunch {
   bool vectorized = false;
+  // the block loads the page table's indptr (batch_size + 1 <= threads entries) into shared
+  // memory alongside the token's indices, so the lookup chain is indices -> page id only
+  bool indptr_in_smem = false;
   int vec_elems = 1;
   int64_t vecs_per_head = 0;
   int64_t vecs_per_token = 0;
@@ -149,9 +183,11 @@ struct AppendLaunch {
 
 // vec_elems: elements of a 16-byte vector. aligned16: key/value/cache bases 16-byte aligned
 // and all their strides multiples of vec_elems.
+// batch_size: requests in the page table (-1: unknown, no shared-memory indptr).
 inline AppendLaunch append_launch_config(int64_t nnz, int64_t num_heads, int64_t head_dim, int vec_elems,
-                                         bool aligned16) {
+                                         bool aligned16, int64_t batch_size = -1) {
   AppendLaunch l;
+  l.indptr_in_smem = batch_size >= 0 && batch_size + 1 <= kAppendThreads;
   l.vectorized = aligned16 && vec_elems > 1 && head_dim % vec_elems == 0;
   l.vec_elems = l.vectorized ? vec_elems : 1;
   l.vecs_per_head = head_dim / l.vec_elems;

@@ -79,12 +79,70 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   return it;
 }
 
+// Merges the n partial states of one q-head row, kV consecutive dims from d0, into o[kV]
+// (returns the merged lse). The partial states were written by other CTAs, so they are read
+// through L2 (__ldcg). Chunks go in batches of kBatch whose loads are all independent: one
+// L2 round trip per batch instead of one per chunk (a request split 98 ways used to pay
+// ~98 sequential round trips in the CTA that merges it). Same math as state.h's merge: the
+// weights are 2^(lse_c - max) and empty chunks (lse = -inf) weigh nothing. The result equals
+// folding the states one by one with state.h's merge_state (the GPU tests check it against a
+// float32 softmax over the whole row).
+template <int kHeadDim, int kV>
+FLASHINFER_DEVICE float merge_partials(const float* partial_o, const float* partial_lse, int64_t num_qo_heads,
+                                       int64_t begin, int64_t n, int64_t h, int d0, float* o) {
+  static_assert(kV % 4 == 0, "float4 loads");
+  constexpr int kBatch = 64 / kV;  // 64 floats of o in flight per thread
+  float m = neg_inf(), den = 0.f;
+  FLASHINFER_UNROLL
+  for (int e = 0; e < kV; ++e) o[e] = 0.f;
+  for (int64_t c0 = 0; c0 < n; c0 += kBatch) {
+    float l[kBatch];
+    float4 v[kBatch][kV / 4];
+    FLASHINFER_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t slot = begin + c0 + j;
+      const bool ok = c0 + j < n;
+      l[j] = ok ? __ldcg(partial_lse + slot * num_qo_heads + h) : neg_inf();
+      const float4* po = reinterpret_cast<const float4*>(partial_o + (slot * num_qo_heads + h) * kHeadDim + d0);
+      FLASHINFER_UNROLL
+      for (int q = 0; q < kV / 4; ++q) v[j][q] = ok ? __ldcg(po + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float bm = m;
+    FLASHINFER_UNROLL
+    for (int j = 0; j < kBatch; ++j) bm = fmaxf(bm, l[j]);
+    if (bm == neg_inf()) continue;  // every state so far is empty
+    const float scale = exp2f(m - bm);  // 0 when m was -inf
+    den *= scale;
+    FLASHINFER_UNROLL
+    for (int e = 0; e < kV; ++e) o[e] *= scale;
+    FLASHINFER_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = exp2f(l[j] - bm);  // 0 for empty or missing chunks
+      den += w;
+      FLASHINFER_UNROLL
+      for (int q = 0; q < kV / 4; ++q) {
+        o[4 * q + 0] += w * v[j][q].x;
+        o[4 * q + 1] += w * v[j][q].y;
+        o[4 * q + 2] += w * v[j][q].z;
+        o[4 * q + 3] += w * v[j][q].w;
+      }
+    }
+    m = bm;
+  }
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  FLASHINFER_UNROLL
+  for (int e = 0; e < kV; ++e) o[e] *= inv;
+  return den > 0.f ? m + log2f(den) : neg_inf();
+}
+
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
 // (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
-// (threadFenceReduction pattern: fence, count, the last one reads everyone's writes).
+// (threadFenceReduction pattern: fence, count, the last one reads everyone's writes). Each
+// thread merges 4 dims of one head, so a group of 8 heads x 128 dims keeps 256 lanes busy.
 template <typename T, int kHeadDim>
 FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng) {
-  constexpr int kTx = kHeadDim / 8;
+  constexpr int kV = 4;
+  constexpr int kTx = kHeadDim / kV;
   __shared__ bool last;
   __threadfence();
   __syncthreads();
@@ -95,17 +153,11 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
   if (!last) return;
   __threadfence();
   for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
-    const int h = qh0 + w / kTx, d0 = (w % kTx) * 8;
-    float o[8] = {}, lse = neg_inf();
-    for (int c = 0; c < mi.num_chunks; ++c) {
-      const int64_t slot = mi.partial_begin + c;
-      const float* po = p.partial_o + (slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
-      float ob[8];
-      FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) ob[e] = __ldcg(po + e);  // L2: written by other CTAs
-      merge_state(o, &lse, ob, __ldcg(p.partial_lse + slot * p.num_qo_heads + h), 8);
-    }
-    Vec<T, 8> ov;
+    const int h = qh0 + w / kTx, d0 = (w % kTx) * kV;
+    float o[kV];
+    const float lse =
+        merge_partials<kHeadDim, kV>(p.partial_o, p.partial_lse, p.num_qo_heads, mi.partial_begin, mi.num_chunks, h, d0, o);
+    Vec<T, kV> ov;
     ov.from_float(o);
     ov.store(p.o + it.request * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
     if (p.lse && d0 == 0) p.lse[it.request * p.num_qo_heads + h] = lse;
@@ -320,15 +372,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeMergeKernel(const Decode
       n = p.implicit_chunks;
     }
     if (n <= 1) continue;
-    float o[8] = {}, lse = neg_inf();
-    for (int64_t c = 0; c < n; ++c) {
-      const int64_t slot = begin + c;
-      const float* po = p.partial_o + (slot * p.num_qo_heads + h) * int64_t{kHeadDim} + tx * 8;
-      float ob[8];
-      FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) ob[e] = po[e];
-      merge_state(o, &lse, ob, p.partial_lse[slot * p.num_qo_heads + h], 8);
-    }
+    float o[8];
+    const float lse = detail::merge_partials<kHeadDim, 8>(p.partial_o, p.partial_lse, p.num_qo_heads, begin, n, h, tx * 8, o);
     Vec<T, 8> ov;
     ov.from_float(o);
     ov.store(p.o + b * p.o_stride_n + h * p.o_stride_h + tx * 8);

@@ -10,6 +10,7 @@
 #include "../cp_async.cuh"
 #include "../math.cuh"
 #include "../mma.cuh"
+#include "../page.h"
 #include "../vec_dtypes.cuh"
 #include "decode.cuh"
 #include "state.h"
@@ -49,6 +50,11 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
   char* smem = reinterpret_cast<char*>(smem_u4);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = lane >> 2, tig = lane & 3;  // MMA fragment coordinates
+  constexpr int kRowStep = kDecodeThreads / kChunks;  // rows between a thread's copies
+  constexpr int kIters = kTcTile / kRowStep;          // rows a thread copies per tile
+  static_assert(kRowStep % 8 == 0 && kTcTile % kRowStep == 0, "copy mapping");
+  const int chunk = threadIdx.x % kChunks, row_base = threadIdx.x / kChunks;
+  const uint32_t sw0 = detail::swz<kHeadDim>(row_base, chunk);  // + kRowStep * i rows
   const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
   const bool soft_cap = p.soft_cap > 0.f;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
@@ -83,36 +89,45 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       slope[e] = alibi && h < ng ? detail::alibi_slope(qh0 + h, p.num_qo_heads) * detail::kLog2e : 0.f;
     }
 
-    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h;
-    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h;
+    // Copy mapping: thread (row_base, chunk) copies 16-byte chunk `chunk` of key rows
+    // row_base + kRowStep * i of each tile. Its swizzle term is the same for all its rows
+    // (kRowStep is a multiple of 8), and its page slots advance by a PageCursor: the address
+    // loop has no division. The page ids of the tile issued next are loaded one iteration
+    // ahead (pg), so their latency hides behind a tile of compute instead of stalling the
+    // cp.async issue.
+    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + chunk * 8;
+    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + chunk * 8;
     const bool paged = p.contiguous_len < 0;
-    const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
+    const int32_t* page_ids = paged ? p.kv.indices + p.kv.indptr[b] : nullptr;
     const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
-    auto issue = [&](int64_t tile, int s) {
+    auto load_pages = [&](int64_t tile, int32_t* pg) {
+      if (!paged || tile >= num_tiles) return;
+      const int64_t t0 = lo + tile * kTcTile + row_base;
+      PageCursor cur(static_cast<int32_t>(t0), page_size, kRowStep);
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kIters; ++i) {
+        pg[i] = t0 + kRowStep * i < hi ? __ldg(page_ids + cur.slot) : 0;
+        cur.advance();
+      }
+    };
+    auto issue = [&](int64_t tile, int s, const int32_t* pg) {
       if (tile < num_tiles) {
-        char* ks_ = smem + s * kStage;
+        char* ks_ = smem + s * kStage + sw0;
         char* vs_ = ks_ + kStage / 2;
+        const int64_t t0 = lo + tile * kTcTile + row_base;
+        PageCursor cur(static_cast<int32_t>(t0), page_size, kRowStep);
         FLASHINFER_UNROLL
-        for (int i = 0; i < kTcTile * kChunks / kDecodeThreads; ++i) {
-          const int idx = i * kDecodeThreads + threadIdx.x;
-          const int row = idx / kChunks, chunk = idx % kChunks;
-          const int64_t t = lo + tile * kTcTile + row;
-          const bool valid = t < hi;
+        for (int i = 0; i < kIters; ++i) {
+          const bool valid = t0 + kRowStep * i < hi;
           int64_t off_k = 0, off_v = 0;
           if (valid) {
-            int64_t page, entry;
-            if (paged) {
-              const int tt = static_cast<int>(t);
-              page = p.kv.indices[page_base + tt / page_size];
-              entry = tt % page_size;
-            } else {
-              page = 0;
-              entry = t;
-            }
-            off_k = page * p.kv.stride_page + entry * p.kv.stride_n + chunk * 8;
-            off_v = page * p.v_stride_page + entry * p.v_stride_n + chunk * 8;
+            const int64_t page = paged ? int64_t{pg[i]} : 0;
+            const int64_t entry = paged ? int64_t{cur.entry} : t0 + kRowStep * i;
+            off_k = page * p.kv.stride_page + entry * p.kv.stride_n;
+            off_v = page * p.v_stride_page + entry * p.v_stride_n;
           }
-          const uint32_t so = detail::swz<kHeadDim>(row, chunk);
+          cur.advance();
+          const uint32_t so = static_cast<uint32_t>(kRowStep * i * kHeadDim * 2);
           cp_async::copy16_or_zero(ks_ + so, kbase + off_k, valid);
           cp_async::copy16_or_zero(vs_ + so, vbase + off_v, valid);
         }
@@ -127,10 +142,16 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     for (int n = 0; n < kMTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     T* sp = sP + warp * kDecodeMaxGroup * 16;  // this warp's P^T staging [head][16 keys]
 
-    for (int s = 0; s + 1 < stages; ++s) issue(s, s);
+    int32_t pg[kIters];
+    for (int s = 0; s + 1 < stages; ++s) {
+      load_pages(s, pg);
+      issue(s, s, pg);
+    }
+    load_pages(stages - 1, pg);
     int s_cur = 0;
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1);
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pg);
+      load_pages(tile + stages, pg);  // consumed by the next iteration's issue
       cp_async::wait(stages - 1);
       __syncthreads();  // every thread's copies of this stage have landed
       const char* ks_ = smem + s_cur * kStage;
@@ -173,12 +194,15 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
         d[e] = d[e] * scale[e] + pr[0][e] + pr[1][e];
         m[e] = m_new;
       }
-      FLASHINFER_UNROLL
-      for (int n = 0; n < kMTiles; ++n) {
-        o[n][0] *= scale[0];
-        o[n][1] *= scale[1];
-        o[n][2] *= scale[0];
-        o[n][3] *= scale[1];
+      // The running max settles after the first tiles: skip the rescale when no lane moved.
+      if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kMTiles; ++n) {
+          o[n][0] *= scale[0];
+          o[n][1] *= scale[1];
+          o[n][2] *= scale[0];
+          o[n][3] *= scale[1];
+        }
       }
       // P^T as the B operand of O^T += V^T P^T: stage it as [head][key] and ldmatrix it back.
       FLASHINFER_UNROLL

@@ -43,7 +43,9 @@ struct DecodePlanConfig {
   int64_t page_size = 1;
   bool disable_split_kv = false;
   int64_t fixed_split_tokens = 0;  // > 0: every request splits at this many keys (batch-invariant)
-  int64_t min_chunk = 256;         // keys: below this the merge costs more than it saves
+  int64_t min_chunk = 128;         // keys: below this the merge costs more than it saves
+  int waves = 0;                   // > 0: aim at this many CTA waves instead of searching
+  int64_t item_cost = 96;          // fixed cost of one work item (fill, epilogue), in keys
 };
 
 struct DecodePlan {
@@ -55,31 +57,90 @@ struct DecodePlan {
   int sub_groups = 1;
 };
 
+// Chunks a request of len keys splits into at chunk length `chunk` (0: no split), and the
+// balanced step between chunk starts.
+inline int64_t decode_num_chunks(int64_t len, int64_t chunk) { return chunk > 0 && len > chunk ? ceil_div(len, chunk) : 1; }
+
+// Modelled run time, in keys, of the work items a split produces: the kernels walk the
+// items longest first with a static stride of `slots` (the persistent grid), so CTA 0 is
+// the last to finish and runs items 0, slots, 2 slots, ... of the sorted list; each item
+// costs its keys plus item_cost. A split request also waits for its merge, which reads
+// 16 chunks per L2 round trip (~ item_cost / 4 each).
+inline int64_t decode_makespan(const std::vector<int64_t>& kv_lens, int64_t units, int64_t chunk, int64_t slots,
+                               int64_t item_cost) {
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (item length, count)
+  int64_t max_chunks = 1;
+  for (int64_t len : kv_lens) {
+    const int64_t n = decode_num_chunks(len, chunk);
+    max_chunks = std::max(max_chunks, n);
+    const int64_t step = n > 1 ? ceil_div(len, n) : len;
+    if (n > 1) runs.push_back({step, (n - 1) * units});
+    runs.push_back({len - (n - 1) * step, units});
+  }
+  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  int64_t t = 0, pos = 0, next = 0;  // next: index of CTA 0's next item in the sorted list
+  for (const auto& [len, count] : runs) {
+    while (next < pos + count) {
+      t += len + item_cost;
+      next += std::max<int64_t>(slots, 1);
+    }
+    pos += count;
+  }
+  if (max_chunks > 1) t += ceil_div<int64_t>(max_chunks, 16) * (item_cost / 4);
+  return t;
+}
+
+// Picks the split length: the candidate with the smallest modelled run time among no split,
+// the lengths that fill 1..8 waves of CTAs, and the lengths that cut the longest request
+// into 2..16 chunks (never below min_chunk; page-aligned). Ties go to the longer chunk
+// (fewer items and merges).
+inline int64_t choose_decode_chunk(const std::vector<int64_t>& kv_lens, int64_t units, const DecodePlanConfig& cfg) {
+  const int64_t slots = std::max<int64_t>(int64_t{cfg.num_sms} * cfg.ctas_per_sm, 1);
+  const int64_t ps = std::max<int64_t>(cfg.page_size, 1);
+  int64_t total = 0, longest = 0;
+  for (int64_t len : kv_lens) total += len, longest = std::max(longest, len);
+  auto legal = [&](int64_t c) { return round_up<int64_t>(std::max(cfg.min_chunk, c), ps); };
+  if (cfg.waves > 0) return legal(ceil_div<int64_t>(total * units, int64_t{cfg.waves} * slots));
+  std::vector<int64_t> cands{0};
+  const int64_t work_items = units * static_cast<int64_t>(kv_lens.size());
+  for (int64_t w = 1; w <= 8; ++w) {
+    cands.push_back(legal(ceil_div<int64_t>(total * units, w * slots)));
+    // as many chunks per request as w waves hold (uniform batches fill the waves exactly)
+    const int64_t n = w * slots / std::max<int64_t>(work_items, 1);
+    if (n >= 2) cands.push_back(legal(ceil_div<int64_t>(longest, n)));
+  }
+  for (int64_t n = 2; n <= 16; ++n) cands.push_back(legal(ceil_div<int64_t>(longest, n)));
+  for (int64_t& c : cands)
+    if (c >= longest) c = 0;  // no request splits: the same plan as no split
+  std::sort(cands.begin(), cands.end());
+  cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+  int64_t best = 0, best_t = -1;
+  for (int64_t c : cands) {
+    const int64_t t = decode_makespan(kv_lens, units, c, slots, cfg.item_cost);
+    if (best_t < 0 || t < best_t || (t == best_t && (c == 0 || (best != 0 && c > best)))) best = c, best_t = t;
+  }
+  return best;
+}
+
 // kv_lens: keys of each request (0 allowed).
 inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodePlanConfig& cfg) {
   DecodePlan plan;
   const int64_t batch = static_cast<int64_t>(kv_lens.size());
   plan.sub_groups = ceil_div(cfg.group_size, cfg.max_group_per_cta);
   const int64_t units = int64_t{cfg.num_kv_heads} * plan.sub_groups;
-  int64_t total = 0;
-  for (int64_t len : kv_lens) total += len;
 
   int64_t chunk = 0;  // 0: no split
   if (cfg.fixed_split_tokens > 0) {
     chunk = cfg.fixed_split_tokens;
   } else if (!cfg.disable_split_kv) {
-    // Aim at two waves of CTAs so a ragged tail balances; never split below min_chunk.
-    const int64_t target = int64_t{2} * cfg.num_sms * cfg.ctas_per_sm;
-    const int64_t by_work = ceil_div<int64_t>(total * units, std::max<int64_t>(target, 1));
-    chunk = std::max(cfg.min_chunk, by_work);
-    chunk = round_up<int64_t>(chunk, std::max<int64_t>(cfg.page_size, 1));
+    chunk = choose_decode_chunk(kv_lens, units, cfg);
   }
   plan.chunk_tokens = chunk;
   plan.merge.resize(batch);
   int32_t next_slot = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = kv_lens[b];
-    const int64_t n = chunk > 0 && len > chunk ? ceil_div(len, chunk) : 1;
+    const int64_t n = decode_num_chunks(len, chunk);
     const int64_t step = n > 1 ? ceil_div(len, n) : len;  // balanced chunks
     plan.merge[b] = {n > 1 ? next_slot : -1, static_cast<int32_t>(n)};
     for (int64_t c = 0; c < n; ++c) {

@@ -64,8 +64,9 @@ def single_decode(torch, args) -> Case:
     v = torch.randn_like(k)
     kc, vc = k.transpose(0, 1).unsqueeze(0).contiguous(), v.transpose(0, 1).unsqueeze(0).contiguous()
     e = q.element_size()
-    return Case("single_decode", f"{L} {hq}/{hkv}x{d}", args.dtype,
-                lambda: flashinfer.single_decode_with_kv_cache(q, k, v), None, _sdpa(torch, q.unsqueeze(0), kc, vc),
+    tc = args.use_tensor_cores
+    return Case("single_decode" + (" tc" if tc else ""), f"{L} {hq}/{hkv}x{d}", args.dtype,
+                lambda: flashinfer.single_decode_with_kv_cache(q, k, v, use_tensor_cores=tc), None, _sdpa(torch, q.unsqueeze(0), kc, vc),
                 "SDPA enable_gqa", bytes=2 * L * hkv * d * e + 2 * hq * d * e)
 
 
@@ -85,6 +86,7 @@ register(
         "--routine batch_decode --batch-size 128 --kv-len 8192 --use-tensor-cores",
         "--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores",
         "--routine single_decode --kv-len 32768",
+        "--routine single_decode --kv-len 32768 --use-tensor-cores",
     ],
     _add_args,
 )

@@ -14,6 +14,20 @@ using namespace flashinfer;
 
 int main() {
   std::mt19937 rng(11);
+  // PageCursor: the incremental walk equals division at every step.
+  for (int32_t page_size : {1, 2, 5, 7, 8, 16, 64}) {
+    for (int32_t step : {1, 3, 8, 16, 64}) {
+      for (int32_t start : {0, 1, 4, 15, 1000}) {
+        PageCursor c(start, page_size, step);
+        for (int32_t i = 0; i < 200; ++i) {
+          const int32_t pos = start + i * step;
+          CHECK(c.slot == pos / page_size);
+          CHECK(c.entry == pos % page_size);
+          c.advance();
+        }
+      }
+    }
+  }
   for (int64_t page_size : {1, 5, 16}) {
     for (QKVLayout layout : {QKVLayout::kNHD, QKVLayout::kHND}) {
       const int64_t heads = 3, dim = 8;

@@ -6,11 +6,14 @@
 #include <map>
 #include <random>
 #include <vector>
+#include <cstdio>
 
 #include "check.h"
 #include "flashinfer/attention/scheduler.h"
 
 using namespace flashinfer::attention;
+using flashinfer::ceil_div;
+using flashinfer::round_up;
 
 static void check_plan(const std::vector<int64_t>& lens, const DecodePlanConfig& cfg) {
   const DecodePlan p = plan_decode(lens, cfg);
@@ -68,19 +71,45 @@ int main() {
       check_plan(lens, cfg);
     }
   }
-  // One long request fills the GPU: ~2 waves of CTAs.
+  // One long request fills the GPU.
   cfg.group_size = 4;
   cfg.num_kv_heads = 8;
   {
     const DecodePlan p = plan_decode({32768}, cfg);
     CHECK(p.any_split);
-    CHECK(int64_t(p.items.size()) >= int64_t{cfg.num_sms} * cfg.ctas_per_sm);
+    CHECK(int64_t(p.items.size()) * 10 >= int64_t{cfg.num_sms} * cfg.ctas_per_sm * 9);  // ~ one full wave
   }
-  // Many long requests need no split.
+  // The chosen split is never modelled slower than no split or than any chunking of the
+  // longest request into 1..16 pieces; a uniform batch that quantizes badly into waves
+  // (128 x 8192 on 132 x 3 slots: 2.6 waves unsplit) gets split.
+  cfg.ctas_per_sm = 3;
+  for (const auto& lens : std::vector<std::vector<int64_t>>{std::vector<int64_t>(128, 8192), {32768}, {4096},
+                                                          std::vector<int64_t>(16, 4096), std::vector<int64_t>(64, 2048),
+                                                          std::vector<int64_t>(256, 1024), {1, 15, 511, 2048, 16384, 0}}) {
+    for (int64_t ps : {1, 16}) {
+      cfg.page_size = ps;
+      const int64_t units = cfg.num_kv_heads, slots = int64_t{cfg.num_sms} * cfg.ctas_per_sm;
+      const DecodePlan p = plan_decode(lens, cfg);
+      const int64_t t = decode_makespan(lens, units, p.chunk_tokens, slots, cfg.item_cost);
+      CHECK(t <= decode_makespan(lens, units, 0, slots, cfg.item_cost));
+      int64_t longest = *std::max_element(lens.begin(), lens.end());
+      for (int64_t n = 1; n <= 16; ++n) {
+        const int64_t c = round_up<int64_t>(std::max<int64_t>(cfg.min_chunk, ceil_div<int64_t>(longest, n)), ps);
+        if (!(t <= decode_makespan(lens, units, c, slots, cfg.item_cost) * 105 / 100)) printf("lens %zu x %ld ps %ld n %ld c %ld: %ld vs chosen %ld (chunk %ld)\n", lens.size(), lens[0], ps, n, c, decode_makespan(lens, units, c, slots, cfg.item_cost), t, p.chunk_tokens);
+        CHECK(t <= decode_makespan(lens, units, c, slots, cfg.item_cost) * 105 / 100);
+      }
+      check_plan(lens, cfg);
+    }
+  }
+  cfg.page_size = 1;
   {
-    const DecodePlan p = plan_decode(std::vector<int64_t>(256, 1024), cfg);
-    CHECK(!p.any_split && p.items.size() == 256 * 8);
+    const DecodePlan p = plan_decode(std::vector<int64_t>(128, 8192), cfg);
+    CHECK(p.any_split);
   }
+  // makespan model: 396 equal items on 396 slots take one item's time; 397 take two.
+  CHECK(decode_makespan(std::vector<int64_t>(396, 100), 1, 0, 396, 10) == 110);
+  CHECK(decode_makespan(std::vector<int64_t>(397, 100), 1, 0, 396, 10) == 220);
+  CHECK(decode_makespan({1000}, 1, 100, 396, 8) == 100 + 8 + 2);  // 10 chunks, one merge round
   // disable_split_kv / fixed split: a request's items do not depend on the rest of the batch.
   for (bool fixed : {false, true}) {
     DecodePlanConfig c = cfg;
