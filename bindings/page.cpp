@@ -149,12 +149,16 @@ CacheView cache_view(const fb::Checker& c, const MutTensor& a, const MutTensor& 
   return cv;
 }
 
-void append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTensor batch_indices,
+// Returns false, touching nothing, when an index tensor is not int32: Python then casts them
+// (FlashInfer's .int()) and calls again, so the common int32 call pays no dtype checks in Python.
+bool append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTensor batch_indices,
                            MutTensor positions, MutTensor cache_a, MutTensor cache_b, MutTensor kv_indices,
                            MutTensor kv_indptr, MutTensor kv_last_page_len, int kv_layout, uintptr_t stream_id,
                            MutTensor err) {
   const char* op = "append_paged_kv_cache";
   const fb::Checker c{op};
+  for (const MutTensor* t : {&batch_indices, &positions, &kv_indices, &kv_indptr, &kv_last_page_len})
+    if (fb::dtype_of(*t) != fb::DType::kI32) return false;
   if (kv_layout != 0 && kv_layout != 1) fb::fail(std::string(op) + ": kv_layout must be 0 (NHD) or 1 (HND)");
   const QKVLayout layout = static_cast<QKVLayout>(kv_layout);
   const CacheView cv = cache_view(c, cache_a, cache_b, layout);
@@ -184,7 +188,7 @@ void append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTens
   if (cache_b.is_valid()) c.cuda_device({{&cache_a, "k_cache"}, {&cache_b, "v_cache"}});
   const fb::IndexCheck check(c, err);
   if (err.is_valid()) c.cuda_device({{&append_key, "append_key"}, {&err, "err"}});
-  if (nnz == 0 || cv.num_heads == 0 || cv.head_dim == 0) return;
+  if (nnz == 0 || cv.num_heads == 0 || cv.head_dim == 0) return true;
   fb::DeviceGuard guard(op, dev);
   const cudaStream_t stream = fb::as_stream(stream_id);
   check.begin(op, stream);
@@ -221,7 +225,7 @@ void append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTens
   if (e != cudaSuccess) fb::throw_cuda(op, e);
   int32_t bits = 0;
   int64_t row = 0;
-  if (check.ok(op, stream, &bits, &row)) return;
+  if (check.ok(op, stream, &bits, &row)) return true;
   const int64_t b = fb::read_index(batch_indices, row, stream), pos = fb::read_index(positions, row, stream);
   std::string why;
   if (bits & flashinfer::kBadBatchIndex)

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "index_check.h"
@@ -21,10 +22,16 @@ namespace detail {
 template <typename T, int kE>
 using AppendUnit = std::conditional_t<kE == 1, T, uint4>;
 
+// A streaming (read-once) load. The 16-byte form is asm volatile so the compiler keeps it in
+// program order: after the index loads that head the lookup chain, before the lookup itself.
 template <typename U>
 FLASHINFER_DEVICE U load_once(const U* p) {
   if constexpr (sizeof(U) == 16) {
-    return __ldcs(reinterpret_cast<const uint4*>(p));  // streaming: read once
+    uint4 r;
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
   } else {
     return *p;
   }
@@ -32,22 +39,29 @@ FLASHINFER_DEVICE U load_once(const U* p) {
 
 }  // namespace detail
 
-// Thread = (token i, slot s), see AppendLaunch. The K/V loads do not depend on the page lookup,
-// so they are issued before it and the lookup's dependent loads (indptr, then indices) overlap
-// them. A token whose (batch index, position) has no page in the table is skipped.
+// Thread = (token i, slot s), see AppendLaunch. Issue order: the token's batch index and
+// position, the block's copy of the page table's indptr (small tables), then the K/V loads;
+// the lookup's dependent loads (indptr[b] -- from shared memory when copied -- then the page
+// id) overlap the K/V loads. A token whose (batch index, position) has no page in the table
+// is skipped.
 template <typename T, typename IdType, int kE>
 __global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, const AppendLaunch l) {
   using U = detail::AppendUnit<T, kE>;
   static_assert(sizeof(U) == kE * sizeof(T), "a unit is kE elements");
   constexpr int kV = kAppendVecsPerThread;
+  __shared__ IdType s_indptr[kAppendThreads];  // l.indptr_in_smem: indptr[0 .. batch_size]
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   // 32-bit division where it fits (a 64-bit one is a ~60-instruction subroutine)
   const int64_t i = idx <= 0xffffffffLL ? int64_t{static_cast<uint32_t>(idx) / static_cast<uint32_t>(l.slots_per_token)}
                                         : idx / l.slots_per_token;
   const int64_t s = idx - i * l.slots_per_token;
-  if (i >= p.nnz) return;
-  const int64_t b = static_cast<int64_t>(p.batch_indices[i]);
-  const int64_t pos = static_cast<int64_t>(p.positions[i]);
+  const bool live = i < p.nnz;
+  int64_t b = 0, pos = 0;
+  if (live) {
+    b = static_cast<int64_t>(p.batch_indices[i]);
+    pos = static_cast<int64_t>(p.positions[i]);
+  }
+  if (l.indptr_in_smem && threadIdx.x <= p.kv.batch_size) s_indptr[threadIdx.x] = p.kv.indptr[threadIdx.x];
 
   U kvec[kV], vvec[kV];
   int64_t head[kV], feat[kV];
@@ -56,15 +70,21 @@ __global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, cons
     const int64_t j = s + m * l.slots_per_token;  // < 2 * vecs_per_token: 32 bits suffice
     head[m] = int64_t{static_cast<uint32_t>(j) / static_cast<uint32_t>(l.vecs_per_head)};
     feat[m] = (j - head[m] * l.vecs_per_head) * kE;
-    if (j < l.vecs_per_token) {
+    if (live && j < l.vecs_per_token) {
       kvec[m] = detail::load_once(reinterpret_cast<const U*>(p.key + i * p.key_stride_n + head[m] * p.key_stride_h +
                                                              feat[m]));
       vvec[m] = detail::load_once(reinterpret_cast<const U*>(p.value + i * p.value_stride_n +
                                                              head[m] * p.value_stride_h + feat[m]));
     }
   }
+  PagedKV<T, IdType> kv = p.kv;
+  if (l.indptr_in_smem) {  // block-uniform
+    __syncthreads();
+    kv.indptr = s_indptr;
+  }
+  if (!live) return;
   int64_t page = 0, entry = 0;
-  const int32_t bad = locate_checked(p.kv, b, pos, p.num_indices, p.max_num_pages, &page, &entry);
+  const int32_t bad = locate_checked(kv, b, pos, p.num_indices, p.max_num_pages, &page, &entry);
   if (bad) {
     if (s == 0) record_index_error(p.err, bad, i);
     return;
@@ -72,10 +92,10 @@ __global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, cons
   FLASHINFER_UNROLL
   for (int m = 0; m < kV; ++m) {
     if (s + m * l.slots_per_token >= l.vecs_per_token) continue;
-    const int64_t off = p.kv.offset(page, entry, head[m]) + feat[m];
+    const int64_t off = kv.offset(page, entry, head[m]) + feat[m];
     // default caching: attention reads these next
-    *reinterpret_cast<U*>(p.kv.k_data + off) = kvec[m];
-    *reinterpret_cast<U*>(p.kv.v_data + off) = vvec[m];
+    *reinterpret_cast<U*>(kv.k_data + off) = kvec[m];
+    *reinterpret_cast<U*>(kv.v_data + off) = vvec[m];
   }
 }
 
@@ -105,7 +125,14 @@ cudaError_t AppendPagedKV(const AppendPagedKVParams<T, IdType>& p, cudaStream_t 
                          mult(p.key_stride_n) && mult(p.key_stride_h) && mult(p.value_stride_n) &&
                          mult(p.value_stride_h) && mult(p.kv.stride_page) && mult(p.kv.stride_n) &&
                          mult(p.kv.stride_h);
-  const AppendLaunch l = append_launch_config(p.nnz, p.kv.num_heads, p.kv.head_dim, kE, aligned16);
+  // FLASHINFER_APPEND_INDPTR_SMEM=0 turns the shared-memory indptr off (an A/B knob for
+  // benchmarks, read once)
+  static const bool smem_indptr = [] {
+    const char* e = std::getenv("FLASHINFER_APPEND_INDPTR_SMEM");
+    return !(e && e[0] == '0');
+  }();
+  const AppendLaunch l = append_launch_config(p.nnz, p.kv.num_heads, p.kv.head_dim, kE, aligned16,
+                                              smem_indptr ? p.kv.batch_size : -1);
   const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
   if (l.vectorized) return launch(AppendPagedKVKernel<T, IdType, kE>, grid, block, 0, stream, false, p, l);
   return launch(AppendPagedKVKernel<T, IdType, 1>, grid, block, 0, stream, false, p, l);

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "index_check.h"
 #include "pos_enc.h"
@@ -17,17 +18,24 @@ namespace detail {
 
 constexpr int kHeadChunk = static_cast<int>(kRopeHeadChunk);
 
-// Position of token t. The indptr form finds t's segment by binary search (the last b with
-// indptr[b] <= t, so empty segments are skipped) and checks that it really holds t.
+// A streaming 16-byte load the compiler keeps in program order (asm volatile): the q/k loads
+// are issued before the position -> cos/sin chain, never sunk below it.
+FLASHINFER_DEVICE uint4 load_cs_ordered(const void* ptr) {
+  uint4 r;
+  asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr));
+  return r;
+}
+
+// Position of token t in the indptr form: binary search for the last b with indptr[b] <= t
+// (empty segments are skipped), then a check that segment b really holds t.
 template <typename T, typename IdType>
-FLASHINFER_DEVICE bool token_position(const RopeParams<T, IdType>& p, int64_t t, int64_t* pos) {
-  if (p.pos_ids) {
-    *pos = static_cast<int64_t>(p.pos_ids[t]);
-    return true;
-  }
-  int64_t lo = 0, hi = p.batch_size;
+FLASHINFER_DEVICE bool indptr_position(const RopeParams<T, IdType>& p, int64_t t, int64_t* pos) {
+  // 32-bit search indices (the binding bounds batch_size by a tensor dimension < 2^31)
+  int lo = 0, hi = static_cast<int>(p.batch_size);
   while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
+    const int mid = static_cast<int>((static_cast<unsigned>(lo) + static_cast<unsigned>(hi)) / 2u);
     if (static_cast<int64_t>(p.indptr[mid]) <= t) lo = mid; else hi = mid;
   }
   const int64_t start = p.batch_size > 0 ? static_cast<int64_t>(p.indptr[lo]) : 1;
@@ -39,12 +47,16 @@ FLASHINFER_DEVICE bool token_position(const RopeParams<T, IdType>& p, int64_t t,
   return true;
 }
 
-// Fills the block's inv_freq table (computed-frequency form); every thread of the block calls.
+// inv_freq of pair d: from the launch's table, computed on the device past its end.
 template <typename T, typename IdType>
-FLASHINFER_DEVICE void fill_inv_freq(const RopeParams<T, IdType>& p, float* inv_freq) {
-  const int64_t half = p.rotary_dim / 2;
-  for (int64_t d = threadIdx.x; d < half; d += blockDim.x) inv_freq[d] = rope_inv_freq(p.freq, d, p.rotary_dim);
-  __syncthreads();
+FLASHINFER_DEVICE float inv_freq_of(const RopeParams<T, IdType>& p, const RopeFreqTable& tab, int64_t d) {
+  return d < kRopeParamFreqs ? tab.inv_freq[d] : rope_inv_freq(p.freq, d, p.rotary_dim);
+}
+// The vectorised kernel reads the table only (rope_launch_config sends rotary dims past it
+// to the scalar kernel): a device pow there would cost registers the data loads need.
+template <typename T, typename IdType>
+FLASHINFER_DEVICE float table_inv_freq(const RopeFreqTable& tab, int64_t d) {
+  return tab.inv_freq[d];
 }
 
 // (x, y) -> (x cos - y sin, y cos + x sin)
@@ -54,142 +66,186 @@ FLASHINFER_DEVICE void rotate(float& x, float& y, float c, float s) {
   y = y * c + x0 * s;
 }
 
+// Rotates vectors a (features [u*E, +E)) and b ([half + u*E, +E)) with the unit's (cos, sin)
+// slots, two elements at a time so that few fp32 temporaries are live: NeoX pairs (a[e], b[e])
+// use slot e; interleaved pairs (a[2e], a[2e+1]) use slot e, (b[2e], b[2e+1]) slot E/2 + e.
+template <typename T, int kE>
+FLASHINFER_DEVICE void rotate_vectors(Vec<T, kE>& a, Vec<T, kE>& b, const float* cs, const float* sn,
+                                      bool interleave) {
+  FLASHINFER_UNROLL
+  for (int e = 0; e < kE; e += 2) {
+    float x0 = to_float(a.v[e]), x1 = to_float(a.v[e + 1]);
+    float y0 = to_float(b.v[e]), y1 = to_float(b.v[e + 1]);
+    if (!interleave) {
+      rotate(x0, y0, cs[e], sn[e]);
+      rotate(x1, y1, cs[e + 1], sn[e + 1]);
+    } else {
+      rotate(x0, x1, cs[e / 2], sn[e / 2]);
+      rotate(y0, y1, cs[kE / 2 + e / 2], sn[kE / 2 + e / 2]);
+    }
+    a.v[e] = from_float<T>(x0);
+    a.v[e + 1] = from_float<T>(x1);
+    b.v[e] = from_float<T>(y0);
+    b.v[e + 1] = from_float<T>(y1);
+  }
+}
+
+// thread index -> (token t, head group g, unit u); 32-bit divisions where the index fits (a
+// 64-bit division is a ~60-instruction subroutine).
+FLASHINFER_DEVICE void decode_index(int64_t i, const RopeLaunch& l, int64_t* t, int64_t* g, int64_t* u) {
+  if (i <= 0xffffffffLL) {
+    const uint32_t i32 = static_cast<uint32_t>(i), units = static_cast<uint32_t>(l.units);
+    const uint32_t groups = static_cast<uint32_t>(l.head_groups);
+    const uint32_t r = i32 / units;
+    *u = i32 - r * units;
+    const uint32_t t32 = r / groups;
+    *g = r - t32 * groups;
+    *t = t32;
+  } else {
+    *u = i % l.units;
+    const int64_t r = i / l.units;
+    *g = r % l.head_groups;
+    *t = r / l.head_groups;
+  }
+}
+
 }  // namespace detail
 
 // Vectorised path (16-byte vectors of kE elements). Thread = (token t, head group g, unit u);
 // see RopeLaunch. A rotary unit owns features [u*kE, +kE) and [half + u*kE, +kE): for NeoX
 // they are each other's pair partners; for interleave each vector holds whole pairs. Its
 // kE (cos, sin) values are computed once and reused for every head of the group.
-// 64 registers (4 blocks of 256 per SM) keep 8 vectors in flight per thread without spills;
-// unbounded, the compiler converts all heads of a chunk at once and takes 122.
+// Order: position load, the first chunk's q/k loads, then the position's cos/sin (cache row
+// or rope_sincos), so the chain pos -> cache row overlaps the data loads.
+// 80 registers (3 blocks of 256 per SM) keep 8 vectors (128 bytes) in flight per thread
+// without spills; at 64 the cos/sin and the 8 vectors do not fit together.
 template <typename T, typename IdType, int kE>
-__global__ void __launch_bounds__(kRopeThreads, 4) RopeKernel(const RopeParams<T, IdType> p, const RopeLaunch l) {
+__global__ void __launch_bounds__(kRopeThreads, 3)
+    RopeKernel(const RopeParams<T, IdType> p, const RopeLaunch l, const RopeFreqTable tab) {
   static_assert(kE % 2 == 0, "interleaved pairs must not straddle vectors");
-  extern __shared__ float inv_freq[];  // [rotary_dim / 2], computed-frequency form only
-  const int64_t half = p.rotary_dim / 2;
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const int64_t u = i % l.units;
-  const int64_t r = i / l.units;
-  const int64_t g = r % l.head_groups;
-  const int64_t t = r / l.head_groups;
-  int64_t pos = 0;
-  bool ok = t < p.nnz && detail::token_position(p, t, &pos);
-  if (!p.cos_sin_cache) detail::fill_inv_freq(p, inv_freq);  // block-uniform branch
-  if (!ok) return;
-
-  const bool rot = u < l.rot_units;
-  float cs[kE], sn[kE];
-  if (rot) {
-    const float* row = nullptr;
-    if (p.cos_sin_cache) {
-      if (pos < 0 || pos >= p.max_pos) {
-        record_index_error(p.err, kPositionOutOfRange, t);
-        return;
-      }
-      row = p.cos_sin_cache + pos * p.cache_stride;
-    }
-    FLASHINFER_UNROLL
-    for (int e = 0; e < kE; ++e) {
-      // frequency index of (cos, sin) slot e
-      const int64_t d = !p.interleave ? u * kE + e
-                        : e < kE / 2  ? u * (kE / 2) + e
-                                      : (half + u * kE) / 2 + (e - kE / 2);
-      if (row) {
-        cs[e] = row[d];
-        sn[e] = row[half + d];
-      } else {
-        sincosf(rope_angle(pos, inv_freq[d]), &sn[e], &cs[e]);
-      }
-    }
-  }
-
-  // This unit's two vectors (a copy unit at the odd end of the pass-through has one).
-  int64_t off_a, off_b;
+  static_assert(sizeof(Vec<T, kE>) == 16, "16-byte vectors");
+  constexpr int kC = detail::kHeadChunk;
+  // 32-bit indices (nnz < 2^31, heads and features far below): 64-bit ones cost registers
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  int64_t t64, g64, u64;
+  detail::decode_index(int64_t{blockIdx.x} * blockDim.x + threadIdx.x, l, &t64, &g64, &u64);
+  if (t64 >= p.nnz) return;
+  const int t = static_cast<int>(t64);  // nnz < 2^31 (validate)
+  // the position first: its load is the head of the longest dependent chain
+  int64_t pos = p.pos_ids ? static_cast<int64_t>(p.pos_ids[t]) : 0;
+  const int u = static_cast<int>(u64);
+  const int rot_units = static_cast<int>(l.rot_units);
+  const bool rot = u < rot_units;
+  // This unit's two vectors (a copy unit at the odd end of the pass-through has one), as the
+  // offset of the first and the distance to the second.
+  int off_a, dist_b;
   bool two = true;
   if (rot) {
     off_a = u * kE;
-    off_b = half + u * kE;
+    dist_b = half;
   } else {
-    off_a = p.rotary_dim + (u - l.rot_units) * 2 * kE;
-    off_b = off_a + kE;
-    two = off_b < p.head_dim;
+    off_a = static_cast<int>(p.rotary_dim) + (u - rot_units) * 2 * kE;
+    dist_b = kE;
+    two = off_a + kE < p.head_dim;
+  }
+  const int nq = static_cast<int>(p.num_q_heads);
+  const int nh = nq + static_cast<int>(p.num_k_heads);
+  const int hpg = static_cast<int>(l.heads_per_group);
+  const int h_begin = static_cast<int>(g64) * hpg;
+  const int h_end = h_begin + hpg < nh ? h_begin + hpg : nh;
+  const T* q_in = p.q + t * p.q_stride_n + off_a;
+  const T* k_in = p.k + t * p.k_stride_n + off_a;
+  T* q_out = p.q_out + t * p.q_out_stride_n + off_a;
+  T* k_out = p.k_out + t * p.k_out_stride_n + off_a;
+
+  Vec<T, kE> a[kC], b[kC];
+  auto load_chunk = [&](int h0) {
+    FLASHINFER_UNROLL
+    for (int j = 0; j < kC; ++j) {
+      const int h = h0 + j;
+      if (h >= h_end) continue;
+      const T* in = h < nq ? q_in + h * p.q_stride_h : k_in + (h - nq) * p.k_stride_h;
+      *reinterpret_cast<uint4*>(&a[j]) = detail::load_cs_ordered(in);
+      if (two) *reinterpret_cast<uint4*>(&b[j]) = detail::load_cs_ordered(in + dist_b);
+    }
+  };
+  load_chunk(h_begin);
+
+  if (!p.pos_ids && !detail::indptr_position(p, t, &pos)) return;
+  if (p.cos_sin_cache && (pos < 0 || pos >= p.max_pos)) {  // nothing is written for the token
+    record_index_error(p.err, kPositionOutOfRange, t);
+    return;
+  }
+  float cs[kE], sn[kE];
+  if (rot) {
+    if (p.cos_sin_cache) {
+      // cos of slots [0, kE/2) and [kE/2, kE) are two contiguous float4 runs: NeoX frequencies
+      // u*kE + e; interleave u*kE/2 + e and half/2 + u*kE/2 + e. sin follows half floats later.
+      // (The launcher sends caches with unaligned rows to the scalar kernel.)
+      static_assert(kE == 8, "cos/sin runs of kE / 2 = 4 floats");
+      const float* c0 = p.cos_sin_cache + pos * p.cache_stride + (p.interleave ? u * (kE / 2) : u * kE);
+      const float* c1 = p.interleave ? c0 + half / 2 : c0 + kE / 2;
+      const float4 ca = __ldg(reinterpret_cast<const float4*>(c0));
+      const float4 cb = __ldg(reinterpret_cast<const float4*>(c1));
+      const float4 sa = __ldg(reinterpret_cast<const float4*>(c0 + half));
+      const float4 sb = __ldg(reinterpret_cast<const float4*>(c1 + half));
+      cs[0] = ca.x, cs[1] = ca.y, cs[2] = ca.z, cs[3] = ca.w, cs[4] = cb.x, cs[5] = cb.y, cs[6] = cb.z, cs[7] = cb.w;
+      sn[0] = sa.x, sn[1] = sa.y, sn[2] = sa.z, sn[3] = sa.w, sn[4] = sb.x, sn[5] = sb.y, sn[6] = sb.z, sn[7] = sb.w;
+    } else {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < kE; ++e) {
+        const int d = e < kE / 2 ? (p.interleave ? u * (kE / 2) + e : u * kE + e)
+                                     : (p.interleave ? half / 2 + u * (kE / 2) + (e - kE / 2) : u * kE + e);
+        rope_sincos(rope_angle(pos, detail::table_inv_freq<T, IdType>(tab, d)), &sn[e], &cs[e]);
+      }
+    }
   }
 
-  const int64_t nh = p.num_q_heads + p.num_k_heads;
-  const int64_t h_begin = g * l.heads_per_group;
-  const int64_t h_end = h_begin + l.heads_per_group < nh ? h_begin + l.heads_per_group : nh;
-  const T* q_in = p.q + t * p.q_stride_n;
-  const T* k_in = p.k + t * p.k_stride_n;
-  T* q_out = p.q_out + t * p.q_out_stride_n;
-  T* k_out = p.k_out + t * p.k_out_stride_n;
-  for (int64_t h0 = h_begin; h0 < h_end; h0 += detail::kHeadChunk) {
-    Vec<T, kE> a[detail::kHeadChunk], b[detail::kHeadChunk];
+  for (int h0 = h_begin;;) {
     FLASHINFER_UNROLL
-    for (int j = 0; j < detail::kHeadChunk; ++j) {
-      const int64_t h = h0 + j;
+    for (int j = 0; j < kC; ++j) {
+      const int h = h0 + j;
       if (h >= h_end) continue;
-      const T* in = h < p.num_q_heads ? q_in + h * p.q_stride_h : k_in + (h - p.num_q_heads) * p.k_stride_h;
-      a[j].load_stream(in + off_a);
-      if (two) b[j].load_stream(in + off_b);
+      if (rot) detail::rotate_vectors(a[j], b[j], cs, sn, p.interleave);
+      T* out = h < nq ? q_out + h * p.q_out_stride_h : k_out + (h - nq) * p.k_out_stride_h;
+      a[j].store_stream(out);
+      if (two) b[j].store_stream(out + dist_b);
     }
-    FLASHINFER_UNROLL
-    for (int j = 0; j < detail::kHeadChunk; ++j) {
-      const int64_t h = h0 + j;
-      if (h >= h_end) continue;
-      if (rot) {
-        float x[kE], y[kE];
-        a[j].to_float(x);
-        b[j].to_float(y);
-        if (!p.interleave) {
-          FLASHINFER_UNROLL
-          for (int e = 0; e < kE; ++e) detail::rotate(x[e], y[e], cs[e], sn[e]);
-        } else {
-          FLASHINFER_UNROLL
-          for (int e = 0; e < kE / 2; ++e) {
-            detail::rotate(x[2 * e], x[2 * e + 1], cs[e], sn[e]);
-            detail::rotate(y[2 * e], y[2 * e + 1], cs[kE / 2 + e], sn[kE / 2 + e]);
-          }
-        }
-        a[j].from_float(x);
-        b[j].from_float(y);
-      }
-      T* out = h < p.num_q_heads ? q_out + h * p.q_out_stride_h : k_out + (h - p.num_q_heads) * p.k_out_stride_h;
-      a[j].store_stream(out + off_a);
-      if (two) b[j].store_stream(out + off_b);
-    }
+    h0 += kC;
+    if (h0 >= h_end) break;
+    load_chunk(h0);
   }
 }
 
 // Scalar path: any rotary_dim, head_dim and alignment. Unit u < rotary_dim/2 is pair u;
 // the rest copy one pass-through feature each.
 template <typename T, typename IdType>
-__global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch l) {
-  extern __shared__ float inv_freq[];
+__global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch l, const RopeFreqTable tab) {
   const int64_t half = p.rotary_dim / 2;
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const int64_t u = i % l.units;
-  const int64_t r = i / l.units;
-  const int64_t g = r % l.head_groups;
-  const int64_t t = r / l.head_groups;
+  int64_t t, g, u;
+  detail::decode_index(int64_t{blockIdx.x} * blockDim.x + threadIdx.x, l, &t, &g, &u);
+  if (t >= p.nnz) return;
   int64_t pos = 0;
-  bool ok = t < p.nnz && detail::token_position(p, t, &pos);
-  if (!p.cos_sin_cache) detail::fill_inv_freq(p, inv_freq);
-  if (!ok) return;
+  if (p.pos_ids) {
+    pos = static_cast<int64_t>(p.pos_ids[t]);
+  } else if (!detail::indptr_position(p, t, &pos)) {
+    return;
+  }
 
+  if (p.cos_sin_cache && (pos < 0 || pos >= p.max_pos)) {  // nothing is written for the token
+    record_index_error(p.err, kPositionOutOfRange, t);
+    return;
+  }
   const bool rot = u < half;
   float c = 1.f, s = 0.f;
   int64_t f0, f1 = 0;
   if (rot) {
     if (p.cos_sin_cache) {
-      if (pos < 0 || pos >= p.max_pos) {
-        record_index_error(p.err, kPositionOutOfRange, t);
-        return;
-      }
       const float* row = p.cos_sin_cache + pos * p.cache_stride;
       c = row[u];
       s = row[half + u];
     } else {
-      sincosf(rope_angle(pos, inv_freq[u]), &s, &c);
+      rope_sincos(rope_angle(pos, detail::inv_freq_of(p, tab, u)), &s, &c);
     }
     f0 = rope_pair_first(u, p.interleave);
     f1 = rope_pair_second(u, p.rotary_dim, p.interleave);
@@ -217,6 +273,41 @@ __global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch
   }
 }
 
+namespace detail {
+
+// FLASHINFER_ROPE_HEADS_PER_THREAD=<n>: heads one thread rotates (a tuning knob for
+// benchmarks, read once; unset or 0: rope_launch_config's default).
+inline int64_t heads_per_thread_override() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("FLASHINFER_ROPE_HEADS_PER_THREAD");
+    const long n = e ? std::atol(e) : 0;
+    return n > 0 ? static_cast<int64_t>(n) : int64_t{0};
+  }();
+  return v;
+}
+
+// The inv_freq table of (freq, rotary_dim), filled on the host when they change (64 double
+// pows would cost microseconds per call); one cached entry per host thread.
+inline const RopeFreqTable& freq_table(const RopeFreq& f, int64_t rotary_dim) {
+  struct Entry {
+    RopeFreq f;
+    int64_t rotary_dim = -1;
+    RopeFreqTable table;
+  };
+  thread_local Entry cached;
+  const RopeFreq& c = cached.f;
+  if (cached.rotary_dim != rotary_dim || c.theta != f.theta || c.scale != f.scale || c.llama31 != f.llama31 ||
+      c.low_freq_factor != f.low_freq_factor || c.high_freq_factor != f.high_freq_factor ||
+      c.old_context_len != f.old_context_len) {
+    rope_fill_freq_table(f, rotary_dim, &cached.table);
+    cached.f = f;
+    cached.rotary_dim = rotary_dim;
+  }
+  return cached.table;
+}
+
+}  // namespace detail
+
 // Launches RoPE on `stream`. q/k may be any strided views with a contiguous last dimension;
 // q_out == q and k_out == k (same strides) runs in place.
 template <typename T, typename IdType>
@@ -232,12 +323,19 @@ cudaError_t Rope(const RopeParams<T, IdType>& p, cudaStream_t stream) {
   if (p.num_k_heads > 0)
     aligned16 = aligned16 && aligned(p.k) && aligned(p.k_out) && mult(p.k_stride_n) && mult(p.k_stride_h) &&
                 mult(p.k_out_stride_n) && mult(p.k_out_stride_h);
-  const RopeLaunch l = rope_launch_config(p.nnz, nh, p.head_dim, p.rotary_dim, p.in_place(),
-                                          p.cos_sin_cache == nullptr, kE, aligned16);
+  // The vectorised kernel reads cos/sin cache rows as float4 runs (16-byte aligned rows; the
+  // sin half is aligned too since half % kE == 0 there) and inv_freq from the launch's table.
+  if (p.cos_sin_cache) aligned16 = aligned16 && aligned(p.cos_sin_cache) && p.cache_stride % 4 == 0;
+  else aligned16 = aligned16 && p.rotary_dim / 2 <= kRopeParamFreqs;
+  const RopeLaunch l = rope_launch_config(p.nnz, nh, p.head_dim, p.rotary_dim, p.in_place(), kE, aligned16,
+                                          detail::heads_per_thread_override());
   if (l.units == 0) return cudaSuccess;
+  if (l.blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  static const RopeFreqTable kNoTable{};
+  const RopeFreqTable& tab = p.cos_sin_cache ? kNoTable : detail::freq_table(p.freq, p.rotary_dim);
   const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
-  if (l.vectorized) return launch(RopeKernel<T, IdType, kE>, grid, block, l.smem, stream, false, p, l);
-  return launch(RopeScalarKernel<T, IdType>, grid, block, l.smem, stream, false, p, l);
+  if (l.vectorized) return launch(RopeKernel<T, IdType, kE>, grid, block, 0, stream, false, p, l, tab);
+  return launch(RopeScalarKernel<T, IdType>, grid, block, 0, stream, false, p, l, tab);
 }
 
 }  // namespace rope

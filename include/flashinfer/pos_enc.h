@@ -107,12 +107,50 @@ struct RopeParams {
   }
 };
 
+// sin and cos of an fp32 rope angle without a slow path: the reduction by pi/2 is done in
+// double (exact for |angle| < 2^50, far beyond any position * inv_freq), then Cephes' sinf /
+// cosf minimax polynomials on [-pi/4, pi/4] in float (~1e-7 absolute). sincosf is as accurate
+// but falls back to a Payne-Hanek reduction with a local-memory table above |x| = 105615
+// (position 131072 at inv_freq 1), which diverges warps and costs a stack frame.
+FLASHINFER_HOST_DEVICE void rope_sincos(float angle, float* sin_out, float* cos_out) {
+  const double a = static_cast<double>(angle);
+  const double k = ::rint(a * 0.63661977236758134308);  // nearest multiple of pi/2
+  double r = ::fma(-k, 1.5707963267948966192e+00, a);   // pi/2 = hi + lo to 106 bits
+  r = ::fma(-k, 6.1232339957367658e-17, r);
+  const double kq = k - 4.0 * ::floor(k * 0.25);  // quadrant 0..3 (NaN for a NaN angle)
+  const float x = static_cast<float>(r);
+  const float z = x * x;
+  const float sp = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * x + x;
+  const float cp = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z -
+                   0.5f * z + 1.0f;
+  const bool odd = kq == 1.0 || kq == 3.0;
+  float s = odd ? cp : sp, c = odd ? sp : cp;
+  if (kq >= 2.0) s = -s;
+  if (kq == 1.0 || kq == 2.0) c = -c;
+  *sin_out = s;
+  *cos_out = c;
+}
+
+// The inv_freq table travels with the launch (kernel parameters, served from the constant
+// cache): frequency d < kRopeParamFreqs is read from it; larger rotary dims compute the rest
+// on the device. The host fills it once per (frequency schedule, rotary_dim).
+constexpr int kRopeParamFreqs = 256;
+struct RopeFreqTable {
+  float inv_freq[kRopeParamFreqs];
+};
+inline void rope_fill_freq_table(const RopeFreq& f, int64_t rotary_dim, RopeFreqTable* t) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t d = 0; d < kRopeParamFreqs; ++d) t->inv_freq[d] = d < half ? rope_inv_freq(f, d, rotary_dim) : 0.f;
+}
+
 // Work decomposition: thread = (token, head group, unit). A unit is one rotation "pair vector"
 // (features [u*E, u*E+E) and [half+u*E, half+u*E+E), half = rotary_dim/2, E elements per
 // vector), so a NeoX pair's two halves arrive in one pass; copy units move the pass-through
 // features two vectors at a time. The scalar path (any alignment, any rotary_dim) uses E = 1
-// and one pair per rotary unit. Head groups split the q+k heads when there are too few
-// tokens to fill the GPU; with many tokens a thread walks many heads, reusing its cos/sin.
+// and one pair per rotary unit. A thread computes its unit's cos/sin once and rotates the
+// heads_per_group heads of its group with them, issuing the loads of kRopeHeadChunk heads
+// (2 vectors each) together -- before its position and cos/sin are known, so the data loads
+// and the position -> cos/sin chain overlap.
 struct RopeLaunch {
   bool vectorized = false;
   int vec_elems = 1;
@@ -123,21 +161,21 @@ struct RopeLaunch {
   int64_t heads_per_group = 1;
   int threads = 256;
   int64_t blocks = 0;
-  size_t smem = 0;  // the block's inv_freq table (computed-frequency form only)
 };
 
 constexpr int kRopeThreads = 256;
-// Threads to aim for: ~4 waves of 132 SMs x 2048 threads. More head groups means more
-// recomputed cos/sin; fewer means too little parallelism at small token counts.
-constexpr int64_t kRopeTargetThreads = int64_t{1} << 20;
-constexpr int64_t kRopeMaxTableBytes = 48 * 1024;
-// Heads whose loads one thread keeps in flight together (2 vectors each).
+// Heads whose loads one thread keeps in flight together (2 vectors each): 8 x 16 bytes.
 constexpr int64_t kRopeHeadChunk = 4;
+// Below this many threads at kRopeHeadChunk heads per thread (a quarter wave of 132 SMs x
+// 1024), the grid is latency-bound: one head per thread, so more SMs share the work.
+constexpr int64_t kRopeSmallThreads = int64_t{132} * 256;
 
 // vec_elems: elements of a 16-byte vector. aligned16: every base pointer is 16-byte aligned
-// and every q/k stride is a multiple of vec_elems.
+// and every q/k stride is a multiple of vec_elems. heads_per_thread: 0 = the default
+// (kRopeHeadChunk; 1 for small grids); otherwise the heads a thread rotates (rounded up to a
+// multiple of kRopeHeadChunk above it), e.g. from FLASHINFER_ROPE_HEADS_PER_THREAD.
 inline RopeLaunch rope_launch_config(int64_t nnz, int64_t num_heads, int64_t head_dim, int64_t rotary_dim,
-                                     bool in_place, bool computed_freq, int vec_elems, bool aligned16) {
+                                     bool in_place, int vec_elems, bool aligned16, int64_t heads_per_thread = 0) {
   RopeLaunch l;
   const int64_t half = rotary_dim / 2;
   l.vectorized = aligned16 && vec_elems > 1 && half % vec_elems == 0 && head_dim % vec_elems == 0;
@@ -151,19 +189,17 @@ inline RopeLaunch rope_launch_config(int64_t nnz, int64_t num_heads, int64_t hea
     l.copy_units = in_place ? 0 : head_dim - rotary_dim;
   }
   l.units = l.rot_units + l.copy_units;
-  const int64_t per_group = nnz * l.units;
-  int64_t g = 1;
-  while (g < num_heads && per_group * g < kRopeTargetThreads) g *= 2;
-  if (g > num_heads) g = num_heads;
-  if (g < 1) g = 1;
-  l.heads_per_group = ceil_div<int64_t>(num_heads, g);
-  // Whole chunks of kRopeHeadChunk heads: 40 heads in 4 groups of 12,12,12,4 load as 10
-  // full chunks, where groups of 10 would waste half the loads of every third chunk.
-  if (l.heads_per_group > kRopeHeadChunk) l.heads_per_group = round_up<int64_t>(l.heads_per_group, kRopeHeadChunk);
-  l.head_groups = ceil_div<int64_t>(num_heads, l.heads_per_group);
+  const int64_t nh = num_heads < 1 ? 1 : num_heads;
+  int64_t hpg = heads_per_thread > 0 ? heads_per_thread : kRopeHeadChunk;
+  if (hpg > kRopeHeadChunk) hpg = round_up<int64_t>(hpg, kRopeHeadChunk);
+  if (hpg > nh) hpg = nh;
+  if (heads_per_thread <= 0 && nnz * l.units * ceil_div<int64_t>(nh, hpg) < kRopeSmallThreads) hpg = 1;
+  // a grid past gridDim.x: fewer, longer threads (every head of a token in one thread)
+  if (ceil_div<int64_t>(nnz * ceil_div<int64_t>(nh, hpg) * l.units, kRopeThreads) > (int64_t{1} << 31) - 1) hpg = nh;
+  l.heads_per_group = hpg;
+  l.head_groups = ceil_div<int64_t>(nh, hpg);
   l.threads = kRopeThreads;
   l.blocks = ceil_div<int64_t>(nnz * l.head_groups * l.units, l.threads);
-  l.smem = computed_freq ? static_cast<size_t>(half) * sizeof(float) : 0;
   return l;
 }
 
@@ -178,14 +214,14 @@ Status validate(const RopeParams<T, IdType>& p) {
   if (p.cos_sin_cache) {
     if (!p.pos_ids || p.max_pos < 0) return Status::kInvalidArgument;
   } else {
-    if (static_cast<int64_t>(p.rotary_dim / 2 * sizeof(float)) > kRopeMaxTableBytes) return Status::kUnsupported;
     if (!(p.freq.theta > 0.0) || !(p.freq.scale > 0.0)) return Status::kInvalidArgument;
     if (p.freq.llama31 && !(p.freq.high_freq_factor > p.freq.low_freq_factor)) return Status::kInvalidArgument;
   }
   if (!p.pos_ids && (!p.indptr || !p.offsets || p.batch_size < 0)) return Status::kInvalidArgument;
+  if (!p.pos_ids && p.batch_size > (int64_t{1} << 31) - 2) return Status::kUnsupported;  // 32-bit search
   // Threads are indexed in int64 but the grid is 1-D: blocks must fit gridDim.x.
   const RopeLaunch l = rope_launch_config(p.nnz, p.num_q_heads + p.num_k_heads, p.head_dim, p.rotary_dim,
-                                          false, false, 8, false);
+                                          false, 8, false);
   if (l.blocks > (int64_t{1} << 31) - 1) return Status::kUnsupported;
   return Status::kSuccess;
 }

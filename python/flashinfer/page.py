@@ -87,19 +87,45 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
     skipped on the device (nothing is written for it). With ``FLASHINFER_CHECK_INDICES=1`` the call
     raises ``ValueError`` naming the first such entry instead (this synchronizes the host).
     """
-    layout = _layout(kv_layout)
-    k_cache, v_cache = _split_cache(paged_kv_cache)
+    # The hot path is kept flat (host time per call matters): the binding checks everything,
+    # and answers False when an index tensor is not int32, which is then cast and sent again.
+    try:
+        layout = _LAYOUTS[kv_layout]
+    except (KeyError, TypeError):
+        raise KeyError(f"Invalid kv_layout {kv_layout}") from None
+    if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
+        k_cache, v_cache = paged_kv_cache
+    else:
+        k_cache, v_cache = _split_cache(paged_kv_cache)
     fw = framework_of(append_key, "append_key")
     err = None
     if _ic.enabled:
         buf = _ic.error_buffer(fw, append_key)
         err = None if buf is None else fw.to_dlpack(buf)
-    _page.append_paged_kv_cache(
-        fw.to_dlpack(append_key), to_dlpack(append_value, "append_value"),
-        to_dlpack(_as_int32(batch_indices), "batch_indices"), to_dlpack(_as_int32(positions), "positions"),
-        to_dlpack(k_cache, "paged_kv_cache"), None if v_cache is None else to_dlpack(v_cache, "paged_kv_cache[1]"),
-        to_dlpack(_as_int32(kv_indices), "kv_indices"), to_dlpack(_as_int32(kv_indptr), "kv_indptr"),
-        to_dlpack(_as_int32(kv_last_page_len), "kv_last_page_len"), layout, fw.stream(append_key), err)
+    stream = fw.stream(append_key)
+    dl = fw.to_dlpack
+    try:
+        caps = (dl(append_key), dl(append_value), dl(batch_indices), dl(positions), dl(k_cache),
+                None if v_cache is None else dl(v_cache), dl(kv_indices), dl(kv_indptr), dl(kv_last_page_len))
+    except TypeError:  # another framework's tensor among them
+        caps = _export(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+                       kv_last_page_len)
+    if not _page.append_paged_kv_cache(*caps, layout, stream, err):
+        # an index tensor is not int32: cast them as FlashInfer does (.int()) and send again
+        if err is not None:
+            err = fw.to_dlpack(buf)
+        _page.append_paged_kv_cache(*_export(append_key, append_value, _as_int32(batch_indices),
+                                             _as_int32(positions), k_cache, v_cache, _as_int32(kv_indices),
+                                             _as_int32(kv_indptr), _as_int32(kv_last_page_len)), layout, stream, err)
+
+
+_NAMES = ("append_key", "append_value", "batch_indices", "positions", "paged_kv_cache", "paged_kv_cache[1]",
+          "kv_indices", "kv_indptr", "kv_last_page_len")
+
+
+def _export(*ts: Any) -> Tuple[Any, ...]:
+    """DLPack exports of the append's tensors, each by its own framework (None stays None)."""
+    return tuple(None if t is None else to_dlpack(t, n) for t, n in zip(ts, _NAMES))
 
 
 def _empty_int32(fw: Any, like: Any, n: int) -> Any:

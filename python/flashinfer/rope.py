@@ -60,8 +60,12 @@ def apply_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Op
     ``offsets[b] + t - indptr[b]``. rotary_dim: even, ``<= head_dim`` (``None``: head_dim).
     """
     fw = framework_of(q, "q")
-    _rope.apply_rope("apply_rope_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None, None,
-                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
+    dl = fw.to_dlpack
+    try:
+        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
+    except TypeError:  # another framework's tensor among them
+        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
+    _rope.apply_rope("apply_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave, rope_scale,
                      rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
 
 
@@ -69,10 +73,13 @@ def apply_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[i
                rope_scale: float = 1, rope_theta: float = 1e4) -> Tuple[Any, Any]:
     r"""As :func:`apply_rope_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
     fw = framework_of(q, "q")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
     dl = fw.to_dlpack
-    _rope.apply_rope("apply_rope", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope), None,
-                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
+    try:
+        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
+    except TypeError:
+        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    _rope.apply_rope("apply_rope", cq, ck, dl(q_rope), dl(k_rope), None, ci, co, rotary_dim, interleave, rope_scale,
                      rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
@@ -90,9 +97,13 @@ def apply_llama31_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary
     ``old_context_len / high_freq_factor`` are kept, smoothly in between.
     """
     fw = framework_of(q, "q")
-    _rope.apply_rope("apply_llama31_rope_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None, None,
-                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
-                     rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+    dl = fw.to_dlpack
+    try:
+        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
+    except TypeError:
+        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
+    _rope.apply_rope("apply_llama31_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave,
+                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
                      _err(fw, q) if _ic.enabled else None)
 
 
@@ -102,11 +113,14 @@ def apply_llama31_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Op
                        old_context_len: int = 8192) -> Tuple[Any, Any]:
     r"""As :func:`apply_llama31_rope_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
     fw = framework_of(q, "q")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
     dl = fw.to_dlpack
-    _rope.apply_rope("apply_llama31_rope", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope), None,
-                     to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets"), rotary_dim, interleave, rope_scale,
-                     rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+    try:
+        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
+    except TypeError:
+        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    _rope.apply_rope("apply_llama31_rope", cq, ck, dl(q_rope), dl(k_rope), None, ci, co, rotary_dim, interleave,
+                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
                      _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
@@ -118,20 +132,27 @@ def apply_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim: Optiona
     r"""Applies RoPE to ``q`` and ``k`` in place; token ``i`` has position ``pos_ids[i]`` (``[nnz]``,
     int32 or int64)."""
     fw = framework_of(q, "q")
-    _rope.apply_rope("apply_rope_pos_ids_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None,
-                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, False,
-                     1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    dl = fw.to_dlpack
+    try:
+        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
+    except TypeError:
+        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
+    _rope.apply_rope("apply_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
+                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
 
 
 def apply_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
                        rope_scale: float = 1, rope_theta: float = 1e4) -> Tuple[Any, Any]:
     r"""As :func:`apply_rope_pos_ids_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
     fw = framework_of(q, "q")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
     dl = fw.to_dlpack
-    _rope.apply_rope("apply_rope_pos_ids", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope),
-                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, False,
-                     1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    try:
+        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
+    except TypeError:
+        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    _rope.apply_rope("apply_rope_pos_ids", cq, ck, dl(q_rope), dl(k_rope), cp, None, None, rotary_dim, interleave,
+                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
 
@@ -141,10 +162,14 @@ def apply_llama31_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim:
                                        old_context_len: int = 8192) -> None:
     r"""Llama-3.1 RoPE in place, positions from ``pos_ids`` (see :func:`apply_llama31_rope_inplace`)."""
     fw = framework_of(q, "q")
-    _rope.apply_rope("apply_llama31_rope_pos_ids_inplace", fw.to_dlpack(q), to_dlpack(k, "k"), None, None,
-                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, True,
-                     low_freq_factor, high_freq_factor, old_context_len,
-                     fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    dl = fw.to_dlpack
+    try:
+        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
+    except TypeError:
+        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
+    _rope.apply_rope("apply_llama31_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
+                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+                     _err(fw, q) if _ic.enabled else None)
 
 
 def apply_llama31_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None,
@@ -153,11 +178,14 @@ def apply_llama31_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optiona
                                old_context_len: int = 8192) -> Tuple[Any, Any]:
     r"""As :func:`apply_llama31_rope_pos_ids_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
     fw = framework_of(q, "q")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
     dl = fw.to_dlpack
-    _rope.apply_rope("apply_llama31_rope_pos_ids", dl(q), to_dlpack(k, "k"), dl(q_rope), dl(k_rope),
-                     to_dlpack(pos_ids, "pos_ids"), None, None, rotary_dim, interleave, rope_scale, rope_theta, True,
-                     low_freq_factor, high_freq_factor, old_context_len,
+    try:
+        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
+    except TypeError:
+        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
+    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
+    _rope.apply_rope("apply_llama31_rope_pos_ids", cq, ck, dl(q_rope), dl(k_rope), cp, None, None, rotary_dim,
+                     interleave, rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len,
                      fw.stream(q), _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
@@ -177,12 +205,15 @@ def apply_rope_with_cos_sin_cache(positions: Any, query: Any, key: Any, head_siz
     module docstring for ``FLASHINFER_CHECK_INDICES``).
     """
     fw = framework_of(query, "query")
-    query_out, key_out = fw.empty_like(query), fw.empty_like(key)
     dl = fw.to_dlpack
-    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", to_dlpack(positions, "positions"), dl(query),
-                                   to_dlpack(key, "key"), head_size, to_dlpack(cos_sin_cache, "cos_sin_cache"),
-                                   is_neox, dl(query_out), dl(key_out),
-                                   fw.stream(query), _err(fw, query) if _ic.enabled else None)
+    try:
+        cp, cq, ck, cc = dl(positions), dl(query), dl(key), dl(cos_sin_cache)
+    except TypeError:  # another framework's tensor among them
+        cp, cq, ck, cc = (to_dlpack(positions, "positions"), dl(query), to_dlpack(key, "key"),
+                          to_dlpack(cos_sin_cache, "cos_sin_cache"))
+    query_out, key_out = fw.empty_like(query), fw.empty_like(key)
+    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", cp, cq, ck, head_size, cc, is_neox, dl(query_out),
+                                   dl(key_out), fw.stream(query), _err(fw, query) if _ic.enabled else None)
     return query_out, key_out
 
 
@@ -190,7 +221,11 @@ def apply_rope_with_cos_sin_cache_inplace(positions: Any, query: Any, key: Any, 
                                           is_neox: bool = True) -> None:
     r"""As :func:`apply_rope_with_cos_sin_cache`, rotating ``query`` and ``key`` in place."""
     fw = framework_of(query, "query")
-    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache_inplace", to_dlpack(positions, "positions"),
-                                   fw.to_dlpack(query), to_dlpack(key, "key"), head_size,
-                                   to_dlpack(cos_sin_cache, "cos_sin_cache"), is_neox, None, None, fw.stream(query),
-                                   _err(fw, query) if _ic.enabled else None)
+    dl = fw.to_dlpack
+    try:
+        cp, cq, ck, cc = dl(positions), dl(query), dl(key), dl(cos_sin_cache)
+    except TypeError:
+        cp, cq, ck, cc = (to_dlpack(positions, "positions"), dl(query), to_dlpack(key, "key"),
+                          to_dlpack(cos_sin_cache, "cos_sin_cache"))
+    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache_inplace", cp, cq, ck, head_size, cc, is_neox, None,
+                                   None, fw.stream(query), _err(fw, query) if _ic.enabled else None)

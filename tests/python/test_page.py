@@ -150,6 +150,51 @@ def test_append_casts_index_tensors(index_dtype):
     run_append("tuple", "HND", 5, 2, 64, torch.bfloat16, index_dtype=index_dtype)
 
 
+def test_append_mixed_index_dtypes():
+    """One index tensor int64, the rest int32: the binding declines, Python casts and calls again."""
+    total = [o + a for o, a in zip(OLD_LENS, ADD_LENS)]
+    table = ref.make_page_table(total, 16, CUDA, generator=torch.Generator().manual_seed(3))
+    cache, k, v = make_cache("tuple", "NHD", table.num_pages, 16, 2, 64, torch.float16)
+    k0, v0 = k.clone(), v.clone()
+    bi_l = [b for b, a in enumerate(ADD_LENS) for _ in range(a)]
+    pos_l = [OLD_LENS[b] + i for b, a in enumerate(ADD_LENS) for i in range(a)]
+    bi = torch.tensor(bi_l, dtype=torch.int32, device=CUDA)
+    pos = torch.tensor(pos_l, dtype=torch.int64, device=CUDA)
+    key, value = randn((len(bi_l), 2, 64), torch.float16), randn((len(bi_l), 2, 64), torch.float16)
+    flashinfer.append_paged_kv_cache(key, value, bi, pos, cache, table.indices, table.indptr, table.last_page_len)
+    want_k, want_v = ref.append_scatter(k0, v0, key, value, bi, pos.int(), table.indices, table.indptr, 16, "NHD")
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
+def test_int64_bad_index_raises_when_checked(check_indices):
+    """The cast-and-retry path with index checking on (the error record is exported again)."""
+    cache, k, v, indices, indptr, last, bi, pos, key, value = bad_index_case()
+    bi = torch.zeros(6, dtype=torch.int64, device=CUDA)
+    pos = torch.zeros(6, dtype=torch.int64, device=CUDA)
+    pos[2] = -3
+    with pytest.raises(ValueError, match=r"positions\[2\] = -3 is negative"):
+        flashinfer.append_paged_kv_cache(key, value, bi, pos, cache, indices.long(), indptr, last)
+
+
+@pytest.mark.parametrize("num_requests, page_size", [(300, 16), (300, 1), (255, 5), (256, 5)])
+def test_append_many_requests(num_requests, page_size):
+    """Page tables of more than 255 requests: the kernel reads indptr from global memory instead of
+    the block's shared-memory copy (255 requests: the largest shared copy; 256: the smallest global)."""
+    g = torch.Generator().manual_seed(num_requests)
+    old = torch.randint(0, 40, (num_requests,), generator=g).tolist()
+    add = torch.randint(0, 4, (num_requests,), generator=g).tolist()
+    add[-1] = max(add[-1], 1)
+    run_append("tuple", "NHD", page_size, 8, 128, torch.bfloat16, old_lens=old, add_lens=add)
+
+
+@pytest.mark.parametrize("nnz", (1, 7, 64))
+def test_append_decode_step(nnz):
+    """Decode-sized appends: one token for each of nnz requests, into partly filled pages."""
+    g = torch.Generator().manual_seed(nnz)
+    old = torch.randint(0, 100, (nnz,), generator=g).tolist()
+    run_append("tuple", "NHD", 16, 8, 128, torch.bfloat16, old_lens=old, add_lens=[1] * nnz)
+
+
 @pytest.mark.parametrize("page_size", (1, 16))
 def test_append_large(page_size):
     """Many tokens, many requests, random page order: the kernel's grid over (token, slot)."""

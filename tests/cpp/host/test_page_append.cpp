@@ -217,6 +217,11 @@ void test_launch_config() {
       }
     }
   }
+  // the block copies indptr to shared memory when it fits one entry per thread
+  CHECK(!append_launch_config(64, 8, 128, 8, true).indptr_in_smem);  // batch size unknown
+  CHECK(append_launch_config(64, 8, 128, 8, true, 0).indptr_in_smem);
+  CHECK(append_launch_config(64, 8, 128, 8, true, paged_kv::kAppendThreads - 1).indptr_in_smem);
+  CHECK(!append_launch_config(64, 8, 128, 8, true, paged_kv::kAppendThreads).indptr_in_smem);
   // slot s moves vectors s and s + slots: every vector of a token exactly once
   const AppendLaunch l = append_launch_config(1, 3, 40, 8, true);  // 15 vectors, 8 slots
   std::vector<int> hits(l.vecs_per_token, 0);
@@ -249,6 +254,24 @@ void test_validate() {
   CHECK(paged_kv::validate(p) == Status::kSuccess);
 }
 
+// locate_checked's 32-bit division fast path and its 64-bit fallback agree with plain math.
+void test_locate_wide_positions() {
+  std::vector<int32_t> indptr{0, 6}, indices{9, 8, 7, 6, 5, 4}, last{1};
+  uint16_t k[1], v[1];
+  for (int64_t ps : {int64_t{1} << 30, int64_t{3} << 30, int64_t{1} << 33}) {
+    PagedKV<uint16_t, int32_t> kv{k, v, indptr.data(), indices.data(), last.data(), 1, ps, 1, 1, 1, 1, 1};
+    for (int64_t pos : {int64_t{0}, int64_t{5}, (int64_t{1} << 32) - 1, (int64_t{1} << 32) + 5, int64_t{5} << 32}) {
+      int64_t page = -1, entry = -1;
+      const int32_t bad = locate_checked(kv, 0, pos, 6, 10, &page, &entry);
+      if (pos / ps < 6) {
+        CHECK(bad == 0 && page == indices[pos / ps] && entry == pos % ps);
+      } else {
+        CHECK(bad == kPageNotInTable);
+      }
+    }
+  }
+}
+
 void test_error_record() {
   int32_t err[kIndexErrorWords] = {0, 0};
   record_index_error(err, 4, 17);
@@ -265,6 +288,7 @@ int main() {
   test_append_replay();
   test_entry_positions();
   test_launch_config();
+  test_locate_wide_positions();
   test_validate();
   test_error_record();
   return test::finish("test_page_append");

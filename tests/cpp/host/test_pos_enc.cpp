@@ -3,6 +3,7 @@
 // arithmetic (every (token, head, feature) covered, head groups partition the heads).
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <set>
@@ -134,38 +135,101 @@ void test_launch_config() {
         for (int64_t rd : {hd, hd / 2, int64_t{16}, int64_t{2}}) {
           for (bool in_place : {false, true}) {
             for (bool aligned : {false, true}) {
-              const rope::RopeLaunch l = rope::rope_launch_config(nnz, heads, hd, rd, in_place, true, 8, aligned);
-              const int64_t half = rd / 2;
-              CHECK(l.vectorized == (aligned && half % 8 == 0 && hd % 8 == 0));
-              const int64_t e = l.vec_elems;
-              // rotary units cover [0, rd); copy units cover [rd, hd) unless in place
-              CHECK(l.rot_units * e == half);
-              if (in_place) {
-                CHECK(l.copy_units == 0);
-              } else if (l.vectorized) {
-                CHECK((hd - rd) % e == 0 && l.copy_units * 2 * e >= hd - rd);
-                CHECK(l.copy_units == 0 || (l.copy_units - 1) * 2 * e < hd - rd);
-              } else {
-                CHECK(l.copy_units == hd - rd);
+              for (int64_t hpt : {0, 1, 4, 6, 8, 40, 100}) {
+                const rope::RopeLaunch l = rope::rope_launch_config(nnz, heads, hd, rd, in_place, 8, aligned, hpt);
+                const int64_t half = rd / 2;
+                CHECK(l.vectorized == (aligned && half % 8 == 0 && hd % 8 == 0));
+                const int64_t e = l.vec_elems;
+                // rotary units cover [0, rd); copy units cover [rd, hd) unless in place
+                CHECK(l.rot_units * e == half);
+                if (in_place) {
+                  CHECK(l.copy_units == 0);
+                } else if (l.vectorized) {
+                  CHECK((hd - rd) % e == 0 && l.copy_units * 2 * e >= hd - rd);
+                  CHECK(l.copy_units == 0 || (l.copy_units - 1) * 2 * e < hd - rd);
+                } else {
+                  CHECK(l.copy_units == hd - rd);
+                }
+                CHECK(l.units == l.rot_units + l.copy_units);
+                // head groups partition [0, heads)
+                CHECK(l.head_groups >= 1 && l.heads_per_group >= 1 && l.heads_per_group <= heads);
+                CHECK(l.head_groups * l.heads_per_group >= heads);
+                CHECK((l.head_groups - 1) * l.heads_per_group < heads);
+                // a group above one chunk is whole chunks (or all heads)
+                CHECK(l.heads_per_group <= rope::kRopeHeadChunk || l.heads_per_group % rope::kRopeHeadChunk == 0 ||
+                      l.heads_per_group == heads);
+                if (hpt > 0) CHECK(l.heads_per_group == std::min<int64_t>(heads, hpt <= 4 ? hpt : (hpt + 3) / 4 * 4));
+                CHECK(l.blocks * l.threads >= nnz * l.head_groups * l.units);
+                CHECK((l.blocks - 1) * l.threads < nnz * l.head_groups * l.units);
               }
-              CHECK(l.units == l.rot_units + l.copy_units);
-              // head groups partition [0, heads)
-              CHECK(l.head_groups >= 1 && l.heads_per_group >= 1);
-              CHECK(l.head_groups * l.heads_per_group >= heads);
-              CHECK((l.head_groups - 1) * l.heads_per_group < heads);
-              CHECK(l.blocks * l.threads >= nnz * l.head_groups * l.units);
-              CHECK((l.blocks - 1) * l.threads < nnz * l.head_groups * l.units);
-              CHECK(l.smem == static_cast<size_t>(half) * sizeof(float));
             }
           }
         }
       }
     }
   }
-  // One token spreads its heads over threads; many tokens give each thread many heads.
-  CHECK(rope::rope_launch_config(1, 40, 128, 128, false, true, 8, true).heads_per_group == 1);
-  CHECK(rope::rope_launch_config(32768, 40, 128, 128, false, true, 8, true).heads_per_group >= 8);
-  CHECK(rope::rope_launch_config(4, 40, 128, 128, false, false, 8, true).smem == 0);
+  // Small grids: one head per thread; large ones: a chunk of heads per thread.
+  CHECK(rope::rope_launch_config(1, 40, 128, 128, false, 8, true).heads_per_group == 1);
+  CHECK(rope::rope_launch_config(64, 40, 128, 128, false, 8, true).heads_per_group == 1);
+  CHECK(rope::rope_launch_config(4096, 40, 128, 128, false, 8, true).heads_per_group == rope::kRopeHeadChunk);
+  CHECK(rope::rope_launch_config(32768, 40, 128, 128, false, 8, true).heads_per_group == rope::kRopeHeadChunk);
+  CHECK(rope::rope_launch_config(32768, 40, 128, 128, false, 8, true).head_groups == 10);
+  // an override is honoured even for small grids
+  CHECK(rope::rope_launch_config(1, 40, 128, 128, false, 8, true, 8).heads_per_group == 8);
+}
+
+// rope_sincos against long double sin/cos of the same fp32 angle, over the angles RoPE makes
+// (positions up to 2^31 times frequencies up to 2) and the quadrant boundaries.
+void test_sincos() {
+  double worst = 0;
+  auto check = [&](float a) {
+    float s, c;
+    rope::rope_sincos(a, &s, &c);
+    const long double x = static_cast<long double>(a);
+    const double es = std::fabs(static_cast<double>(s - std::sin(x)));
+    const double ec = std::fabs(static_cast<double>(c - std::cos(x)));
+    worst = std::max(worst, std::max(es, ec));
+    CHECK(es <= 3e-7 && ec <= 3e-7);
+  };
+  for (float a : {0.f, -0.f, 1e-30f, 0.5f, 0.78539816f, 0.78539819f, 1.5707963f, 1.5707964f, 3.1415925f,
+                  3.1415927f, 4.712389f, 6.2831855f, -1.f, -3.1415927f, 105615.f, 105616.f, 131071.f, 999999.f,
+                  1e6f, 1048576.f, 4294967296.f, 8589934592.f})
+    check(a);
+  uint64_t x = 88172645463325252ull;  // xorshift
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  RopeFreq f;
+  for (int i = 0; i < 200000; ++i) {
+    const int64_t pos = static_cast<int64_t>(next() % (int64_t{1} << 31)) >> (next() % 31);
+    const int64_t d = static_cast<int64_t>(next() % 64);
+    check(rope_angle(pos, rope_inv_freq(f, d, 128)));
+    check(static_cast<float>(static_cast<int64_t>(next() % 2000001) - 1000000) * 1e-3f);
+  }
+  CHECK(worst > 0 && worst < 3e-7);
+  float s, c;
+  rope::rope_sincos(0.f, &s, &c);
+  CHECK(s == 0.f && c == 1.f);
+  rope::rope_sincos(std::nanf(""), &s, &c);
+  CHECK(std::isnan(s) && std::isnan(c));
+}
+
+void test_freq_table() {
+  for (int64_t rd : {2, 64, 128, 256, 512}) {
+    RopeFreq f;
+    f.theta = 5e5;
+    f.scale = 8;
+    f.llama31 = rd != 64;
+    rope::RopeFreqTable t;
+    rope::rope_fill_freq_table(f, rd, &t);
+    for (int64_t d = 0; d < rope::kRopeParamFreqs; ++d) {
+      if (d < rd / 2) CHECK(t.inv_freq[d] == rope_inv_freq(f, d, rd));  // bit-identical
+      else CHECK(t.inv_freq[d] == 0.f);
+    }
+  }
 }
 
 void test_validate() {
@@ -207,6 +271,8 @@ int main() {
   test_angle_is_fp32_product();
   test_pairs();
   test_launch_config();
+  test_sincos();
+  test_freq_table();
   test_validate();
   return test::finish("test_pos_enc");
 }
