@@ -2,6 +2,7 @@
 #include "activation_inst.h"
 #include "common.h"
 #include "dispatch_dtype.h"
+#include <nanobind/stl/string.h>
 
 namespace fb = flashinfer_bind;
 namespace nb = nanobind;
@@ -45,6 +46,25 @@ void act_and_mul(const char* op, ActKind kind, MutTensor input, MutTensor out, u
   });
 }
 
+// Benchmark/test hook: overwrite the knobs that FLASHINFER_ACT_* set at start-up.
+void set_tuning(const std::string& variant, int unroll) {
+  namespace fa = flashinfer::activation;
+  fa::ActTuning t;
+  if (!fa::parse_act_variant(variant.c_str(), &t.variant))
+    fb::fail("_set_tuning: variant must be 'auto', 'flat' or 'pipe'; got '" + variant + "'");
+  if (!fa::valid_act_unroll(unroll))
+    fb::fail("_set_tuning: unroll must be 0 (auto), 1, 2, 4 or 8; got " + std::to_string(unroll));
+  t.unroll = unroll;
+  fa::act_tuning() = t;
+}
+
+nb::tuple get_tuning() {
+  namespace fa = flashinfer::activation;
+  const fa::ActTuning& t = fa::act_tuning();
+  const char* v = t.variant == fa::ActVariant::kFlat ? "flat" : t.variant == fa::ActVariant::kPipe ? "pipe" : "auto";
+  return nb::make_tuple(v, t.unroll);
+}
+
 }  // namespace
 
 NB_MODULE(_activation, m) {
@@ -60,4 +80,6 @@ NB_MODULE(_activation, m) {
   def("silu_and_mul", ActKind::kSilu);
   def("gelu_and_mul", ActKind::kGelu);
   def("gelu_tanh_and_mul", ActKind::kGeluTanh);
+  m.def("_set_tuning", &set_tuning, "variant"_a, "unroll"_a = 0);
+  m.def("_tuning", &get_tuning);
 }

@@ -115,6 +115,29 @@ void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, 
   });
 }
 
+// Benchmark/test hook: overwrite the tuning knobs that FLASHINFER_NORM_* set at start-up.
+void set_tuning(const std::string& variant, int vecs_per_thread, int rows_per_block, const std::string& load) {
+  namespace fn = flashinfer::norm;
+  fn::NormTuning t;
+  if (!fn::parse_norm_variant(variant.c_str(), &t.variant))
+    fb::fail("_set_tuning: variant must be 'auto', 'rows' or 'pipe'; got '" + variant + "'");
+  if (!fn::valid_tuning_count(vecs_per_thread, fn::kMaxVecsPerThread))
+    fb::fail("_set_tuning: vecs_per_thread must be 0 (auto), 1, 2, 4 or 8; got " + std::to_string(vecs_per_thread));
+  if (!fn::valid_tuning_count(rows_per_block, 4))
+    fb::fail("_set_tuning: rows_per_block must be 0 (auto), 1, 2 or 4; got " + std::to_string(rows_per_block));
+  if (!fn::parse_norm_load(load.c_str(), &t.load)) fb::fail("_set_tuning: load must be 'cs' or 'na'; got '" + load + "'");
+  t.vecs_per_thread = vecs_per_thread;
+  t.rows_per_block = rows_per_block;
+  fn::norm_tuning() = t;
+}
+
+nb::tuple get_tuning() {
+  namespace fn = flashinfer::norm;
+  const fn::NormTuning& t = fn::norm_tuning();
+  const char* v = t.variant == fn::NormVariant::kRows ? "rows" : t.variant == fn::NormVariant::kPipe ? "pipe" : "auto";
+  return nb::make_tuple(v, t.vecs_per_thread, t.rows_per_block, t.load == fn::NormLoad::kNoAllocate ? "na" : "cs");
+}
+
 }  // namespace
 
 NB_MODULE(_norm, m) {
@@ -145,4 +168,6 @@ NB_MODULE(_norm, m) {
       "input"_a, "residual"_a, "weight"_a, "eps"_a, "stream"_a, "enable_pdl"_a);
   m.def("layernorm", &layernorm, "input"_a, "gemma"_a, "beta"_a, "out"_a, "eps"_a, "stream"_a);
   m.def("supported_dtypes", &fb::supported_dtypes);
+  m.def("_set_tuning", &set_tuning, "variant"_a, "vecs_per_thread"_a = 0, "rows_per_block"_a = 0, "load"_a = "cs");
+  m.def("_tuning", &get_tuning);
 }

@@ -6,6 +6,7 @@
 #include "activation.h"
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
+#include "dispatch.h"
 #include "math.cuh"
 #include "occupancy.h"
 #include "utils.cuh"
@@ -17,7 +18,8 @@ namespace activation {
 template <ActKind kKind>
 FLASHINFER_DEVICE float act(float x) {
   if constexpr (kKind == ActKind::kSilu) {
-    return x / (1.f + __expf(-x));
+    // fast divide (2 ulp, far below the 16-bit output's rounding); x -> -inf gives -0
+    return __fdividef(x, 1.f + __expf(-x));
   } else if constexpr (kKind == ActKind::kGelu) {
     return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
   } else {
@@ -36,6 +38,15 @@ FLASHINFER_DEVICE void act_and_mul_store(const Vec<T, kVec>& a, const Vec<T, kVe
   Vec<T, kVec> o;
   o.from_float(fa);
   o.store_stream(out);
+}
+
+// Hides a 16-byte vector's value from the optimizer (an empty volatile asm that "modifies"
+// it): work on it cannot be scheduled before this point.
+template <typename T, int N>
+FLASHINFER_DEVICE void opaque16(Vec<T, N>& v) {
+  static_assert(Vec<T, N>::kIs16B, "16-byte vectors only");
+  uint4& u = *reinterpret_cast<uint4*>(&v);
+  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
 }
 
 constexpr int kMaxActStages = 8;
@@ -118,6 +129,45 @@ __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chu
   pdl_launch_dependents();
 }
 
+// flat (vectorised rows): grid = (row blocks, column chunks); thread t of chunk c owns
+// vectors j = (c * blockDim.x * kU) + u * blockDim.x + t (u < kU) of both halves; all 2 * kU
+// loads are issued before the first activation.
+// Blocks of <= 256 threads with this many resident per SM: registers <= 32 / 40 / 64 / 128 for
+// kU = 1 / 2 / 4 / 8, so that occupancy, not the fp32 copies of the loads, bounds bytes in flight.
+constexpr int act_flat_min_blocks(int unroll) { return unroll <= 1 ? 8 : unroll == 2 ? 6 : unroll == 4 ? 4 : 2; }
+
+template <typename T, ActKind kKind, int kU>
+__global__ void __launch_bounds__(kActFlatMaxThreads, act_flat_min_blocks(kU))
+    ActAndMulFlatKernel(const ActParams<T> p) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int64_t nvec = p.hidden / kVec;
+  const int64_t j0 = int64_t{blockIdx.y} * nt * kU + t;
+  pdl_wait();
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const T* x1 = p.input + p.in_rows.offset(row);
+    T* out = p.out + p.out_rows.offset(row);
+    Vec<T, kVec> a[kU], b[kU];
+    FLASHINFER_UNROLL
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = j0 + int64_t{u} * nt;
+      if (j < nvec) {
+        a[u].load_stream(x1 + j * kVec);
+        b[u].load_stream(x1 + p.hidden + j * kVec);
+      }
+    }
+    FLASHINFER_UNROLL
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = j0 + int64_t{u} * nt;
+      // convert vector u only after vector u - 1 is stored: fp32 copies of one pair live at a time
+      opaque16(a[u]);
+      opaque16(b[u]);
+      if (j < nvec) act_and_mul_store<T, kKind, kVec>(a[u], b[u], out + j * kVec);
+    }
+  }
+  pdl_launch_dependents();
+}
+
 // Any alignment: grid = (rows, column blocks), kActUnroll elements per thread.
 template <typename T, ActKind kKind>
 __global__ void ActAndMulScalarKernel(const ActParams<T> p) {
@@ -140,6 +190,18 @@ __global__ void ActAndMulScalarKernel(const ActParams<T> p) {
 template <ActKind kKind, typename T>
 cudaError_t ActAndMulDispatched(const ActParams<T>& p, const ActShape& l, cudaStream_t stream) {
   constexpr int64_t kMaxRowBlocks = int64_t{1} << 30;
+  const ActTuning tuning = act_tuning();
+  if (l.vec_elems > 1 && tuning.variant != ActVariant::kPipe) {
+    const ActFlatShape f = act_flat_shape(p.hidden / l.vec_elems, tuning.unroll ? tuning.unroll : kActFlatDefaultUnroll);
+    const dim3 grid(static_cast<unsigned>(p.rows < kMaxRowBlocks ? p.rows : kMaxRowBlocks),
+                    static_cast<unsigned>(f.chunks_per_row));
+    cudaError_t err = cudaErrorInvalidValue;
+    with_int<1, 2, 4, 8>(f.unroll, [&](auto u) {
+      err = launch(ActAndMulFlatKernel<T, kKind, decltype(u)::value>, grid, dim3(f.threads), 0, stream, p.pdl, p);
+      return Status::kSuccess;
+    });
+    return err;
+  }
   if (l.vec_elems > 1) {
     constexpr auto kernel = ActAndMulPipelinedKernel<T, kKind>;
     int device = 0;

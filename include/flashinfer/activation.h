@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "config.h"
 #include "layout.h"
@@ -27,9 +29,10 @@ struct ActParams {
   bool pdl;
 };
 
-// Vectorised (16-byte, aligned) rows stream through a persistent, cp.async-pipelined kernel
-// over tiles of (row, column chunk); anything else takes a scalar kernel over a
-// (rows, column blocks) grid.
+// Vectorised (16-byte, aligned) rows take the flat kernel (ActFlatShape, below) or, when
+// FLASHINFER_ACT_VARIANT=pipe, a persistent pipelined kernel over tiles of (row, column
+// chunk) shaped by ActShape; anything else takes a scalar kernel over a (rows, column
+// blocks) grid (ActShape's threads).
 struct ActShape {
   int vec_elems = 1;  // 16 / sizeof(T) when vectorised, else 1
   int threads = 256;
@@ -50,6 +53,60 @@ inline ActShape act_shape(int64_t hidden, int vec16_elems, bool aligned16) {
 
 // Shared memory of one pipeline stage: both halves of one tile.
 inline int64_t act_stage_bytes(const ActShape& l) { return int64_t{2} * kActUnroll * l.threads * 16; }
+
+// --- flat: the default kernel for vectorised rows ----------------------------------------
+// Not persistent: a grid of (rows, column chunks); each thread loads `unroll` 16-byte vectors
+// of the gate half and of the up half (2 * unroll loads in flight) before any math, then
+// stores with evict-first. Chunks are balanced so the last one is not mostly idle.
+constexpr int kActFlatMaxThreads = 256;
+constexpr int kActFlatDefaultUnroll = 4;
+
+struct ActFlatShape {
+  int unroll = kActFlatDefaultUnroll;  // 1, 2, 4 or 8 vectors of each half per thread
+  int threads = 32;
+  int64_t chunks_per_row = 1;  // chunk c covers vectors [c * threads * unroll, ...)
+};
+
+inline ActFlatShape act_flat_shape(int64_t nvec, int unroll) {
+  ActFlatShape l;
+  l.unroll = unroll;
+  const int64_t per_chunk_max = int64_t{kActFlatMaxThreads} * unroll;
+  l.chunks_per_row = ceil_div<int64_t>(nvec > 0 ? nvec : 1, per_chunk_max);
+  l.threads = static_cast<int>(round_up<int64_t>(ceil_div<int64_t>(nvec > 0 ? nvec : 1, l.chunks_per_row * unroll), 32));
+  return l;
+}
+
+// Benchmark knobs, read once from the environment (tests may overwrite act_tuning()):
+//   FLASHINFER_ACT_VARIANT = auto | flat | pipe   (auto = flat)
+//   FLASHINFER_ACT_UNROLL  = 0 (auto: 4) | 1 | 2 | 4 | 8   vectors of each half per thread (flat)
+enum class ActVariant : int { kAuto = 0, kFlat = 1, kPipe = 2 };
+
+struct ActTuning {
+  ActVariant variant = ActVariant::kAuto;
+  int unroll = 0;
+};
+
+inline bool parse_act_variant(const char* s, ActVariant* v) {
+  if (!s || !*s || !std::strcmp(s, "auto")) return *v = ActVariant::kAuto, true;
+  if (!std::strcmp(s, "flat")) return *v = ActVariant::kFlat, true;
+  if (!std::strcmp(s, "pipe")) return *v = ActVariant::kPipe, true;
+  return false;
+}
+inline bool valid_act_unroll(int u) { return u == 0 || u == 1 || u == 2 || u == 4 || u == 8; }
+
+// Unknown or invalid environment values mean auto.
+inline ActTuning act_tuning_from(const char* variant, const char* unroll) {
+  ActTuning t;
+  if (!parse_act_variant(variant, &t.variant)) t.variant = ActVariant::kAuto;
+  const int u = unroll ? std::atoi(unroll) : 0;
+  t.unroll = valid_act_unroll(u) ? u : 0;
+  return t;
+}
+
+inline ActTuning& act_tuning() {
+  static ActTuning t = act_tuning_from(std::getenv("FLASHINFER_ACT_VARIANT"), std::getenv("FLASHINFER_ACT_UNROLL"));
+  return t;
+}
 
 template <typename T>
 Status validate(const ActParams<T>& p) {

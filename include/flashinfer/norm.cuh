@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
 #include "dispatch.h"
@@ -29,6 +31,32 @@ FLASHINFER_DEVICE void load_weight_f32(const WT* p, float* f) {
 }
 
 FLASHINFER_DEVICE void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// Hides a 16-byte vector's value from the optimizer: what is computed from it before this
+// point cannot be reused after it, so the packed 16-bit registers stay live across a
+// reduction instead of their fp32 conversions (twice the registers).
+template <typename T, int N>
+FLASHINFER_DEVICE void opaque(Vec<T, N>& v) {
+  static_assert(Vec<T, N>::kIs16B, "16-byte vectors only");
+  uint4& u = *reinterpret_cast<uint4*>(&v);
+  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+}
+
+// A 16-byte vector of a streamed row: ld.global.cs (evict-first), or
+// ld.global.L1::no_allocate.L2::256B (skip L1, fetch 256-byte L2 blocks).
+template <NormLoad kLoad, typename T, int N>
+FLASHINFER_DEVICE void load_row_vec(Vec<T, N>& v, const T* p) {
+  static_assert(Vec<T, N>::kIs16B, "row vectors are 16 bytes");
+  if constexpr (kLoad == NormLoad::kStream) {
+    v.load_stream(p);
+  } else {
+    uint4 u;
+    asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p));
+    v = *reinterpret_cast<const Vec<T, N>*>(&u);
+  }
+}
 
 // Normalizes one row held in registers. Thread t owns vectors j = i * stride + t (i < kVecs,
 // j < nvec): xv[i] from the input and, for kFusedAddRMS, rv[i] from the residual. Every
@@ -135,6 +163,175 @@ __global__ void NormWarpKernel(const NormParams<T, WT> p) {
       }
     }
     detail::normalize_row<T, WT, kVecs, kKind>(p, row, row_ok, xv, rv, lane, 32, true, nullptr);
+  }
+  pdl_launch_dependents();
+}
+
+// kRows: one block per group of kRows consecutive rows (grid-stride only past kMaxBlocks
+// groups). Thread t owns vectors j = i * blockDim.x + t (i < kVecs) of each of the group's
+// rows. Every load of the group (rows, residual rows, 16-bit weights) is issued before the
+// first use, then one block reduction (one barrier) serves all kRows rows. fused-add writes
+// the residual sum before the reduction, the normalized row after it: one pass, no re-read.
+template <typename T, typename WT, int kVecs, int kRows, NormKind kKind>
+__global__ void __launch_bounds__(rows_max_threads(kVecs * kRows))
+    NormRowsKernel(const NormParams<T, WT> p, const NormLoad load) {
+  constexpr int kE = kVecElems<T>;
+  constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
+  constexpr bool kLayer = kKind == NormKind::kLayer;
+  // 16-bit weights are loaded with the row; LayerNorm's fp32 weight and bias after the reduction.
+  constexpr bool kEarlyW = sizeof(WT) == sizeof(T) && !kLayer;
+  __shared__ float red[kLayer ? 2 : 1][kRows][32];
+  const int t = threadIdx.x, nt = blockDim.x, lane = t & 31, warp = t >> 5, nwarps = nt >> 5;
+  const int64_t nvec = p.hidden / kE;
+  const int64_t groups = ceil_div<int64_t>(p.rows, kRows);
+  const float inv_h = 1.f / static_cast<float>(p.hidden);
+  auto block_sum = [&](float* a, float (*buf)[32]) {
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) a[r] = warp::reduce_sum(a[r]);
+    if (nwarps > 1) {
+      if (lane == 0) {
+        FLASHINFER_UNROLL
+        for (int r = 0; r < kRows; ++r) buf[r][warp] = a[r];
+      }
+      __syncthreads();
+      FLASHINFER_UNROLL
+      for (int r = 0; r < kRows; ++r) a[r] = warp::reduce_sum(lane < nwarps ? buf[r][lane] : 0.f);
+    }
+  };
+  pdl_wait();
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = g * kRows;
+    auto row_ok = [&](int r) { return row0 + r < p.rows; };
+    auto col_ok = [&](int i) { return int64_t{i} * nt + t < nvec; };
+    // row starts, once per row (the division in RowLayout::offset only for 3-D views)
+    auto row_off = [](const RowLayout& l, int64_t row) { return l.inner == 1 ? row * l.stride_outer : l.offset(row); };
+    const T* xrow[kRows];
+    T* rrow[kFused ? kRows : 1];
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      xrow[r] = p.input + row_off(p.in_rows, row0 + r);
+      if constexpr (kFused) rrow[r] = p.residual + row_off(p.res_rows, row0 + r);
+    }
+    Vec<T, kE> xv[kRows][kVecs];
+    Vec<T, kE> rv[kFused ? kRows : 1][kFused ? kVecs : 1];
+    Vec<WT, kE> wv[kEarlyW ? kVecs : 1];
+    auto load_rows = [&](auto hint) {
+      constexpr NormLoad kLoad = decltype(hint)::value;
+      FLASHINFER_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        if (!row_ok(r)) continue;
+        FLASHINFER_UNROLL
+        for (int i = 0; i < kVecs; ++i) {
+          if (!col_ok(i)) continue;
+          const int64_t j = int64_t{i} * nt + t;
+          detail::load_row_vec<kLoad>(xv[r][i], xrow[r] + j * kE);
+          if constexpr (kFused) detail::load_row_vec<kLoad>(rv[r][i], rrow[r] + j * kE);
+        }
+      }
+    };
+    if (load == NormLoad::kNoAllocate) {
+      load_rows(std::integral_constant<NormLoad, NormLoad::kNoAllocate>{});
+    } else {
+      load_rows(std::integral_constant<NormLoad, NormLoad::kStream>{});
+    }
+    if constexpr (kEarlyW) {
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i)
+        if (col_ok(i)) wv[i].load(p.weight + (int64_t{i} * nt + t) * kE);
+    }
+    // x (or x + residual) in fp32, recomputed from the 16-bit registers where needed
+    auto value = [&](int r, int i, float* f) {
+      xv[r][i].to_float(f);
+      if constexpr (kFused) {
+        float g2[kE];
+        rv[r][i].to_float(g2);
+        FLASHINFER_UNROLL
+        for (int e = 0; e < kE; ++e) f[e] += g2[e];
+      }
+    };
+    float acc[kRows];
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      acc[r] = 0.f;
+      if (!row_ok(r)) continue;
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        if (!col_ok(i)) continue;
+        float f[kE];
+        value(r, i, f);
+        FLASHINFER_UNROLL
+        for (int e = 0; e < kE; ++e) acc[r] += kLayer ? f[e] : f[e] * f[e];
+        if constexpr (kFused) {  // residual <- x + residual, now: only this thread reads it
+          Vec<T, kE> o;
+          o.from_float(f);
+          o.store_stream(rrow[r] + (int64_t{i} * nt + t) * kE);
+        }
+      }
+    }
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        detail::opaque(xv[r][i]);
+        if constexpr (kFused) detail::opaque(rv[r][i]);
+      }
+    }
+    if constexpr (kEarlyW) {
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) detail::opaque(wv[i]);
+    }
+    block_sum(acc, red[0]);
+    float mean[kRows], rstd[kRows];
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) mean[r] = kLayer ? acc[r] * inv_h : 0.f;
+    if constexpr (kLayer) {  // sum (x - mean)^2 over the registers
+      FLASHINFER_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        acc[r] = 0.f;
+        if (!row_ok(r)) continue;
+        FLASHINFER_UNROLL
+        for (int i = 0; i < kVecs; ++i) {
+          if (!col_ok(i)) continue;
+          float f[kE];
+          value(r, i, f);
+          FLASHINFER_UNROLL
+          for (int e = 0; e < kE; ++e) acc[r] += (f[e] - mean[r]) * (f[e] - mean[r]);
+        }
+      }
+      block_sum(acc, red[1]);
+    }
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) rstd[r] = rsqrtf(acc[r] * inv_h + p.eps);
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      if (!row_ok(r)) continue;
+      T* out = p.out + row_off(p.out_rows, row0 + r);
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        if (!col_ok(i)) continue;
+        const int64_t j = int64_t{i} * nt + t;
+        float f[kE], w[kE], y[kE];
+        value(r, i, f);
+        if constexpr (kEarlyW) {
+          wv[i].to_float(w);
+        } else {
+          detail::load_weight_f32<kE>(p.weight + j * kE, w);
+        }
+        if constexpr (kLayer) {
+          float b[kE];
+          detail::load_weight_f32<kE>(p.bias + j * kE, b);
+          FLASHINFER_UNROLL
+          for (int e = 0; e < kE; ++e) y[e] = (f[e] - mean[r]) * rstd[r] * w[e] + b[e];
+        } else {
+          FLASHINFER_UNROLL
+          for (int e = 0; e < kE; ++e) y[e] = f[e] * rstd[r] * (w[e] + p.weight_offset);
+        }
+        Vec<T, kE> o;
+        o.from_float(y);
+        o.store_stream(out + j * kE);
+      }
+    }
+    if (g + gridDim.x < groups) __syncthreads();  // red is reused by the next group
   }
   pdl_launch_dependents();
 }
@@ -299,8 +496,33 @@ cudaError_t NormPipelined(const NormParams<T, WT>& p, const NormShape& l, cudaSt
                 c.stages);
 }
 
+// (kVecs, kRows) shapes compiled for kRows: all with vecs x rows <= kRowsMaxPerThread for
+// RMSNorm / fused-add with 16-bit weights; one row and 1 or 2 vectors otherwise (what
+// norm_plan picks for them: see Norm()).
 template <NormKind kKind, typename T, typename WT>
-cudaError_t NormDispatched(const NormParams<T, WT>& p, const NormShape& l, cudaStream_t stream) {
+constexpr bool kRowsFullSet = kKind != NormKind::kLayer && std::is_same_v<T, WT>;
+
+template <NormKind kKind, typename T, typename WT>
+cudaError_t NormRows(const NormParams<T, WT>& p, const NormShape& l, NormLoad load, cudaStream_t stream) {
+  const int64_t groups = ceil_div<int64_t>(p.rows, l.rows_per_block);
+  const dim3 grid(static_cast<unsigned>(groups < kMaxBlocks ? groups : kMaxBlocks));
+  cudaError_t err = cudaErrorInvalidValue;
+  with_int<1, 2, 4, 8>(l.vecs_per_thread, [&](auto v) {
+    return with_int<1, 2, 4>(l.rows_per_block, [&](auto r) {
+      constexpr int kV = decltype(v)::value, kR = decltype(r)::value;
+      constexpr bool kCompiled = kRowsFullSet<kKind, T, WT> ? kV * kR <= kRowsMaxPerThread : kR == 1 && kV <= 2;
+      if constexpr (kCompiled) {
+        err = launch(NormRowsKernel<T, WT, kV, kR, kKind>, grid, dim3(l.threads), 0, stream, p.pdl, p, load);
+      }
+      return Status::kSuccess;
+    });
+  });
+  return err;
+}
+
+template <NormKind kKind, typename T, typename WT>
+cudaError_t NormDispatched(const NormParams<T, WT>& p, const NormShape& l, NormLoad load, cudaStream_t stream) {
+  if (l.path == NormPath::kRows) return NormRows<kKind>(p, l, load, stream);
   if (l.path == NormPath::kScalar) {
     const dim3 grid(static_cast<unsigned>(p.rows < kMaxBlocks ? p.rows : kMaxBlocks));
     return launch(NormScalarKernel<T, WT, kKind>, grid, dim3(l.threads), 0, stream, p.pdl, p);
@@ -335,11 +557,19 @@ cudaError_t Norm(const NormParams<T, WT>& p, NormKind kind, cudaStream_t stream)
   if (kind == NormKind::kFusedAddRMS)
     aligned16 = aligned16 && aligned(p.residual) && p.res_rows.strides_multiple_of(kE);
   if (kind == NormKind::kLayer) aligned16 = aligned16 && aligned(p.bias);
-  const NormShape l = norm_shape(p.hidden, kE, aligned16);
+  NormTuning tuning = norm_tuning();
+  const bool full_set = kind == NormKind::kRMS ? kRowsFullSet<NormKind::kRMS, T, WT>
+                        : kind == NormKind::kFusedAddRMS ? kRowsFullSet<NormKind::kFusedAddRMS, T, WT>
+                                                         : kRowsFullSet<NormKind::kLayer, T, WT>;
+  if (!full_set) {  // only (1 or 2 vectors, 1 row) is compiled: the default vectors, one row
+    tuning.vecs_per_thread = 0;
+    tuning.rows_per_block = 1;
+  }
+  const NormShape l = norm_plan(p.rows, p.hidden, kE, aligned16, kind, tuning);
   switch (kind) {
-    case NormKind::kRMS: return NormDispatched<NormKind::kRMS>(p, l, stream);
-    case NormKind::kFusedAddRMS: return NormDispatched<NormKind::kFusedAddRMS>(p, l, stream);
-    case NormKind::kLayer: return NormDispatched<NormKind::kLayer>(p, l, stream);
+    case NormKind::kRMS: return NormDispatched<NormKind::kRMS>(p, l, tuning.load, stream);
+    case NormKind::kFusedAddRMS: return NormDispatched<NormKind::kFusedAddRMS>(p, l, tuning.load, stream);
+    case NormKind::kLayer: return NormDispatched<NormKind::kLayer>(p, l, tuning.load, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "config.h"
 #include "device_info.h"
@@ -46,7 +48,11 @@ constexpr int kVecElems = 16 / sizeof(T);
 //              16-byte vectors of upcoming rows into shared memory with cp.async, several
 //              rows ahead, so bytes in flight are not bounded by registers.
 //  kScalar:    any size or alignment: one block per row, scalar passes over global memory.
-enum class NormPath : int { kWarpRows = 0, kPipelined = 1, kScalar = 2 };
+//  kRows:      rows of 129..2048 vectors (the default there): one block per group of
+//              rows_per_block rows, not persistent; every thread loads its vectors of all the
+//              group's rows (and the weight) before one block reduction, so a block's whole
+//              working set is in flight at once and no setup precedes the loads.
+enum class NormPath : int { kWarpRows = 0, kPipelined = 1, kScalar = 2, kRows = 3 };
 
 struct NormShape {
   NormPath path = NormPath::kScalar;
@@ -86,6 +92,116 @@ inline NormShape norm_shape(int64_t hidden, int vec_elems, bool aligned16) {
   l.vecs_per_thread = v;
   l.threads = static_cast<int>(round_up<int64_t>(ceil_div<int64_t>(nvec, v), 32));
   return l;
+}
+
+// --- kRows: launch shape, run-time tuning ------------------------------------------------
+
+// Block-size bound of a kRows kernel whose threads hold `per_thread` = vecs x rows vectors of
+// each input: it sets the kernel's __launch_bounds__ (register budget 64 / 64 / 128 / 255).
+FLASHINFER_HOST_DEVICE constexpr int rows_max_threads(int per_thread) {
+  return per_thread <= 2 ? 1024 : per_thread <= 4 ? 512 : 256;
+}
+constexpr int kRowsMaxPerThread = 8;   // vecs_per_thread x rows_per_block
+constexpr int64_t kRowsMaxVecs = 2048;  // widest row the kRows path holds in registers
+
+// Which kernel family handles vectorisable rows. kAuto: see norm_plan().
+enum class NormVariant : int { kAuto = 0, kRows = 1, kPipe = 2 };
+// Loads of the streamed rows in the kRows kernel: ld.global.cs (evict-first) or
+// ld.global.L1::no_allocate.L2::256B.
+enum class NormLoad : int { kStream = 0, kNoAllocate = 1 };
+
+// Benchmark knobs, read once from the environment (tests may overwrite norm_tuning()):
+//   FLASHINFER_NORM_VARIANT = auto | rows | pipe
+//   FLASHINFER_NORM_VPT     = 0 (auto) | 1 | 2 | 4 | 8   vectors per thread per row (kRows)
+//   FLASHINFER_NORM_ROWS    = 0 (auto) | 1 | 2 | 4       rows per block (kRows)
+//   FLASHINFER_NORM_LOAD    = cs | na                    (kRows)
+// A request that does not fit a shape is adjusted (see norm_plan), never an error.
+struct NormTuning {
+  NormVariant variant = NormVariant::kAuto;
+  int vecs_per_thread = 0;
+  int rows_per_block = 0;
+  NormLoad load = NormLoad::kStream;
+};
+
+inline bool parse_norm_variant(const char* s, NormVariant* v) {
+  if (!s || !*s || !std::strcmp(s, "auto")) return *v = NormVariant::kAuto, true;
+  if (!std::strcmp(s, "rows")) return *v = NormVariant::kRows, true;
+  if (!std::strcmp(s, "pipe")) return *v = NormVariant::kPipe, true;
+  return false;
+}
+inline bool parse_norm_load(const char* s, NormLoad* l) {
+  if (!s || !*s || !std::strcmp(s, "cs")) return *l = NormLoad::kStream, true;
+  if (!std::strcmp(s, "na")) return *l = NormLoad::kNoAllocate, true;
+  return false;
+}
+// vecs_per_thread / rows_per_block values: 0 (auto) or a power of two up to `max`.
+inline bool valid_tuning_count(int n, int max) { return n == 0 || (n > 0 && n <= max && (n & (n - 1)) == 0); }
+
+// Unknown or invalid environment values mean auto.
+inline NormTuning norm_tuning_from(const char* variant, const char* vpt, const char* rows, const char* load) {
+  NormTuning t;
+  if (!parse_norm_variant(variant, &t.variant)) t.variant = NormVariant::kAuto;
+  if (!parse_norm_load(load, &t.load)) t.load = NormLoad::kStream;
+  const int v = vpt ? std::atoi(vpt) : 0, r = rows ? std::atoi(rows) : 0;
+  t.vecs_per_thread = valid_tuning_count(v, kMaxVecsPerThread) ? v : 0;
+  t.rows_per_block = valid_tuning_count(r, 4) ? r : 0;
+  return t;
+}
+
+// The process-wide knobs (one instance per module: an inline function's static).
+inline NormTuning& norm_tuning() {
+  static NormTuning t = norm_tuning_from(std::getenv("FLASHINFER_NORM_VARIANT"), std::getenv("FLASHINFER_NORM_VPT"),
+                                         std::getenv("FLASHINFER_NORM_ROWS"), std::getenv("FLASHINFER_NORM_LOAD"));
+  return t;
+}
+
+// kRows shape for a row of nvec vectors starting from the requested (v, r): v doubles until
+// the block fits rows_max_threads(v * r); r halves when v * r would exceed the register
+// budget. Returns false when no shape fits (rows wider than kRowsMaxVecs).
+inline bool rows_shape(int64_t nvec, int v, int r, NormShape* l) {
+  if (nvec <= 0 || nvec > kRowsMaxVecs) return false;
+  for (;;) {
+    while (v * r > kRowsMaxPerThread && r > 1) r /= 2;
+    if (v * r > kRowsMaxPerThread) return false;
+    const int64_t threads = round_up<int64_t>(ceil_div<int64_t>(nvec, v), 32);
+    if (threads <= rows_max_threads(v * r)) {
+      l->path = NormPath::kRows;
+      l->vecs_per_thread = v;
+      l->rows_per_block = r;
+      l->threads = static_cast<int>(threads);
+      return true;
+    }
+    if (v < kMaxVecsPerThread) {
+      v *= 2;
+    } else {
+      return false;
+    }
+  }
+}
+
+// The launch shape of a call. Default (kAuto) rule, by vectors per row nvec:
+//   nvec <= 128:        kWarpRows (a warp per row)
+//   nvec <= 2048:       kRows with one vector per thread per row (a block of nvec threads,
+//                       FlashInfer's fused-add shape) where that fits 1024 threads, else two;
+//                       RMSNorm over >= 16384 rows takes two rows per block (two loads in
+//                       flight per thread, as fused-add has), everything else one.
+//   wider:              kPipelined (rows streamed through shared memory)
+// Not vectorisable (alignment, hidden % vec_elems): kScalar. `t` overrides (see NormTuning):
+// pipe takes norm_shape()'s choice (warp-sized rows stay kWarpRows); rows takes kRows for
+// every row of <= kRowsMaxVecs vectors, warp-sized ones included.
+inline NormShape norm_plan(int64_t rows, int64_t hidden, int vec_elems, bool aligned16, NormKind kind,
+                           const NormTuning& t) {
+  const NormShape base = norm_shape(hidden, vec_elems, aligned16);
+  if (base.path == NormPath::kScalar) return base;
+  const int64_t nvec = hidden / vec_elems;
+  if (t.variant == NormVariant::kPipe || (t.variant == NormVariant::kAuto && base.path == NormPath::kWarpRows))
+    return base;
+  int v = t.vecs_per_thread, r = t.rows_per_block;
+  if (v == 0) v = nvec <= 1024 ? 1 : 2;
+  if (r == 0) r = kind == NormKind::kRMS && rows >= 16384 ? 2 : 1;
+  NormShape l;
+  if (rows_shape(nvec, v, r, &l)) return l;
+  return base;  // too wide for registers: kPipelined (or kScalar)
 }
 
 // Shared memory of one pipeline stage: one row of each streamed input, in thread-owned slots.

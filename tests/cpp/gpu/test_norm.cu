@@ -155,6 +155,36 @@ int main() {
   }
   test_rmsnorm<__half>(3, 4096, 4096 + 3, rng);  // misaligned rows take the scalar path
   for (int64_t h : {1, 64, 111, 14336}) test_silu<__nv_bfloat16>(9, h, rng);
+  // Every run-time variant of the register-resident norm kernel and of the activation kernels.
+  const norm::NormTuning saved = norm::norm_tuning();
+  for (int v : {1, 2, 4, 8}) {
+    for (int r : {1, 2, 4}) {
+      if (v * r > norm::kRowsMaxPerThread) continue;
+      norm::norm_tuning() = norm::NormTuning{norm::NormVariant::kRows, v, r,
+                                             v == 1 ? norm::NormLoad::kNoAllocate : norm::NormLoad::kStream};
+      std::printf("-- norm variant rows v=%d r=%d\n", v, r);
+      for (int64_t h : {1032, 4096, 8192}) {
+        for (int64_t rows : {1, 7, 130}) {
+          test_rmsnorm<__nv_bfloat16>(rows, h, h, rng);
+          test_rmsnorm<__half>(rows, h, h + 8, rng);
+        }
+      }
+    }
+  }
+  norm::norm_tuning() = norm::NormTuning{norm::NormVariant::kPipe, 0, 0, norm::NormLoad::kStream};
+  std::printf("-- norm variant pipe\n");
+  for (int64_t h : {1032, 4096, 8192}) test_rmsnorm<__nv_bfloat16>(130, h, h, rng);
+  norm::norm_tuning() = saved;
+  const activation::ActTuning act_saved = activation::act_tuning();
+  for (activation::ActTuning t : {activation::ActTuning{activation::ActVariant::kPipe, 0},
+                                  activation::ActTuning{activation::ActVariant::kFlat, 1},
+                                  activation::ActTuning{activation::ActVariant::kFlat, 2},
+                                  activation::ActTuning{activation::ActVariant::kFlat, 8}}) {
+    activation::act_tuning() = t;
+    std::printf("-- activation variant %d unroll %d\n", static_cast<int>(t.variant), t.unroll);
+    for (int64_t h : {8, 111, 4096, 14336}) test_silu<__nv_bfloat16>(9, h, rng);
+  }
+  activation::act_tuning() = act_saved;
   CUDA_OK(cudaDeviceSynchronize());
   std::printf(g_fail ? "%d case(s) FAILED\n" : "all cases passed\n", g_fail);
   return g_fail ? 1 : 0;
