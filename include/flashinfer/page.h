@@ -170,9 +170,6 @@ constexpr int kAppendThreads = 256;
 
 struct AppendLaunch {
   bool vectorized = false;
-  // the block loads the page table's indptr (batch_size + 1 <= threads entries) into shared
-  // memory alongside the token's indices, so the lookup chain is indices -> page id only
-  bool indptr_in_smem = false;
   int vec_elems = 1;
   int64_t vecs_per_head = 0;
   int64_t vecs_per_token = 0;
@@ -183,11 +180,9 @@ struct AppendLaunch {
 
 // vec_elems: elements of a 16-byte vector. aligned16: key/value/cache bases 16-byte aligned
 // and all their strides multiples of vec_elems.
-// batch_size: requests in the page table (-1: unknown, no shared-memory indptr).
 inline AppendLaunch append_launch_config(int64_t nnz, int64_t num_heads, int64_t head_dim, int vec_elems,
-                                         bool aligned16, int64_t batch_size = -1) {
+                                         bool aligned16) {
   AppendLaunch l;
-  l.indptr_in_smem = batch_size >= 0 && batch_size + 1 <= kAppendThreads;
   l.vectorized = aligned16 && vec_elems > 1 && head_dim % vec_elems == 0;
   l.vec_elems = l.vectorized ? vec_elems : 1;
   l.vecs_per_head = head_dim / l.vec_elems;
