@@ -147,7 +147,7 @@ enum Filter : int { kTopK = 1, kTopP = 2, kMinP = 4, kTopKFirst = 8 };
 void sampling(const char* op, MutTensor probs, MutTensor out, OptTensor valid, OptTensor indices, OptTensor top_k_arr,
               int64_t top_k, OptTensor top_p_arr, double top_p, OptTensor min_p_arr, double min_p, int filters,
               OptTensor seed_arr, uint64_t seed, OptTensor offset_arr, uint64_t offset, OptTensor stats,
-              uintptr_t stream, bool pdl) {
+              int cluster, uintptr_t stream, bool pdl) {
   const fb::Checker c{op};
   const Rows r = rows_of(c, probs, "probs");
   c.dtype_is(probs, "probs", fb::DType::kF32);
@@ -199,6 +199,7 @@ void sampling(const char* op, MutTensor probs, MutTensor out, OptTensor valid, O
     sp.top_k_first = (filters & kTopKFirst) != 0;
     sp.rng = rng;
     sp.stats = stats ? static_cast<int*>(stats->data()) : nullptr;
+    sp.cluster = cluster < -1 ? -1 : cluster;
     sp.pdl = pdl && fb::device_supports_pdl(dev);
     on_device(op, dev, [&] { return fs::Sampling(sp, fb::as_stream(stream)); });
   };
@@ -207,6 +208,14 @@ void sampling(const char* op, MutTensor probs, MutTensor out, OptTensor valid, O
   } else {
     run(int32_t{});
   }
+}
+
+// The common call on a short argument list (what flashinfer.sampling's fast path passes): no
+// indices, valid, per-row tensors, seed tensors or stats. The same checks and launch.
+void sample_probs(const char* op, MutTensor probs, MutTensor out, int filters, int64_t top_k, double top_p,
+                  double min_p, uint64_t seed, uint64_t offset, int cluster, uintptr_t stream) {
+  sampling(op, probs, out, std::nullopt, std::nullopt, std::nullopt, top_k, std::nullopt, top_p, std::nullopt, min_p,
+           filters, std::nullopt, seed, std::nullopt, offset, std::nullopt, cluster, stream, true);
 }
 
 // kind: 0 top-k renorm (fp32/fp16/bf16), 1 top-p renorm (fp32), 2 top-k logit mask.
@@ -439,7 +448,9 @@ NB_MODULE(_sampling, m) {
   m.doc() = "flashinfer sorting-free sampling kernels (DLPack tensors; see flashinfer.sampling)";
   m.def("sampling", &sampling, "op"_a, "probs"_a, "out"_a, "valid"_a.none(), "indices"_a.none(), "top_k_arr"_a.none(),
         "top_k"_a, "top_p_arr"_a.none(), "top_p"_a, "min_p_arr"_a.none(), "min_p"_a, "filters"_a, "seed_arr"_a.none(),
-        "seed"_a, "offset_arr"_a.none(), "offset"_a, "stats"_a.none(), "stream"_a, "enable_pdl"_a);
+        "seed"_a, "offset_arr"_a.none(), "offset"_a, "stats"_a.none(), "cluster"_a, "stream"_a, "enable_pdl"_a);
+  m.def("sample_probs", &sample_probs, "op"_a, "probs"_a, "out"_a, "filters"_a, "top_k"_a, "top_p"_a, "min_p"_a,
+        "seed"_a, "offset"_a, "cluster"_a, "stream"_a);
   m.def("renorm", &renorm, "op"_a, "kind"_a, "input"_a, "out"_a, "top_k_arr"_a.none(), "top_k"_a,
         "top_p_arr"_a.none(), "top_p"_a, "stream"_a, "enable_pdl"_a);
   m.def("softmax", &softmax, "logits"_a, "out"_a, "temperature_arr"_a.none(), "temperature"_a, "stream"_a,

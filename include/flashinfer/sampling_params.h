@@ -52,6 +52,9 @@ struct SamplingParams {
   bool top_k_first = false;
   RandomSeeds rng;
   int* stats = nullptr;  // [batch, 2] (draws, passes over the row) or nullptr
+  // CTAs per row: -1 the launcher decides (FLASHINFER_SAMPLING_CLUSTER, then cluster_split's
+  // heuristic); 0 or 1 the one-block kernel; >= 2 a cluster of that many (sm_90, else 1).
+  int cluster = -1;
   bool pdl = false;
 };
 
@@ -166,8 +169,9 @@ struct ScanLayout {
   int cache_elems = 0;  // leading elements kept in shared memory (whole tiles, <= vocab)
   int list_cap = 0;     // gathered-candidate capacity
   // dynamic shared memory, bytes from its start: scratch, row cache (at kScratchBytes), mass
-  // table, chunk masses, list values, list indices; every part 16-byte aligned
-  int64_t off_table = 0, off_csum = 0, off_list_val = 0, off_list_idx = 0, smem_bytes = 0;
+  // table, chunk masses, list values, list indices, cluster exchange (cluster path only);
+  // every part 16-byte aligned
+  int64_t off_table = 0, off_csum = 0, off_list_val = 0, off_list_idx = 0, off_cluster = 0, smem_bytes = 0;
 };
 
 FLASHINFER_HOST_DEVICE int64_t align16(int64_t x) { return (x + 15) / 16 * 16; }
@@ -201,7 +205,112 @@ inline ScanLayout scan_layout(int vocab, int elem_bytes, bool want_list, int64_t
   l.off_list_val = l.off_csum + align16(csum);
   l.off_list_idx = l.off_list_val + align16(list);
   l.smem_bytes = l.off_list_idx + align16(list);
+  l.off_cluster = l.smem_bytes;
   return l;
+}
+
+// ---- the cluster path (sm_90): one thread-block cluster per output row ---------------------
+//
+// CTA r of a cluster of `size` owns the row's elements [r * slice, min(vocab, (r + 1) * slice))
+// and keeps all of them in its shared memory after the first pass, so later rounds read shared
+// memory only; the per-round counts and masses are exchanged through distributed shared memory
+// (sampling_cluster.cuh). The pivot logic (sampling.h) is the same as the one-block kernel's.
+
+constexpr int kMaxCluster = 16;        // CTAs per cluster at most (16 needs the non-portable opt-in)
+constexpr int kClusterMinVocab = 8192;  // auto mode keeps shorter rows on the one-block kernel
+
+// What one CTA publishes per exchange (double-buffered), read by every CTA of the cluster.
+struct ClusterSlot {
+  float sum[kTableCols];
+  int cnt[kTableCols];
+  float max, min;
+  int nan;
+  int pad[5];
+};
+static_assert(sizeof(ClusterSlot) % 16 == 0, "ClusterSlot is copied in 16-byte words");
+
+// The element the owning CTA picked, broadcast to the cluster.
+struct ClusterPick {
+  long long index;
+  float value;
+  int pad;
+};
+
+// Exchange area at ScanLayout::off_cluster: two published slots, the pick, and every rank's
+// last slot copied locally (the folds read them in rank order).
+constexpr int64_t kClusterBytes = 2 * int64_t{sizeof(ClusterSlot)} + int64_t{sizeof(ClusterPick)} +
+                                  kMaxCluster * int64_t{sizeof(ClusterSlot)};
+
+struct ClusterSplit {
+  int size = 1;   // CTAs per row; 1: the one-block kernel
+  int slice = 0;  // elements per CTA (a multiple of 4, so 16-byte aligned rows stay aligned)
+};
+
+inline int cluster_slice(int vocab, int size) {
+  const int64_t per = ceil_div<int64_t>(vocab > 0 ? vocab : 1, size);
+  return static_cast<int>(round_up<int64_t>(per, 4));
+}
+
+// One CTA's layout on the cluster path: the whole slice cached, no candidate list, the
+// exchange area last. fp32 only.
+inline ScanLayout slice_layout(int slice) {
+  ScanLayout l;
+  l.vec = 4;
+  int64_t t = round_up<int64_t>(ceil_div<int64_t>(slice, kStepElems), 32);
+  l.threads = static_cast<int>(t < 32 ? 32 : (t > kMaxThreads ? kMaxThreads : t));
+  l.tile = l.threads * l.vec;
+  const int64_t step_elems = int64_t{l.threads} * kStepElems;
+  l.steps = static_cast<int>(ceil_div<int64_t>(slice > 0 ? slice : 1, step_elems));
+  l.steps_per_chunk = ceil_div(l.steps, kMaxChunks);
+  l.chunks = ceil_div(l.steps, l.steps_per_chunk);
+  l.list_cap = 0;
+  // Whole tiles: the first pass fills every cached position (padding past the slice is NaN).
+  l.cache_elems = static_cast<int>(round_up<int64_t>(slice > 0 ? slice : 1, l.tile));
+  const int warps = l.threads / 32;
+  const int64_t table = int64_t{l.chunks} * warps * kTableCols * 4;
+  const int64_t csum = int64_t{l.chunks} * kTableCols * 4;
+  l.off_table = kScratchBytes + align16(int64_t{l.cache_elems} * 4);
+  l.off_csum = l.off_table + align16(table);
+  l.off_list_val = l.off_csum + align16(csum);
+  l.off_list_idx = l.off_list_val;
+  l.off_cluster = l.off_list_idx;
+  l.smem_bytes = l.off_cluster + align16(kClusterBytes);
+  return l;
+}
+
+inline bool slice_fits(int vocab, int size, int64_t smem_budget) {
+  return slice_layout(cluster_slice(vocab, size)).smem_bytes <= smem_budget;
+}
+
+// CTAs per row. forced: 0 = auto, 1 = the one-block kernel, >= 2 = that many (rounded down to
+// a power of two <= max_cluster, then up until the slice fits shared memory). Auto: clusters
+// only for rows of at least kClusterMinVocab when every row can have a full cluster of
+// kMaxCluster CTAs in one wave (batch * kMaxCluster <= num_sms): enough CTAs to fill the SMs,
+// and at least enough for every slice to fit. max_cluster < 2 (no sm_90): always 1.
+inline ClusterSplit cluster_split(int64_t batch, int vocab, int num_sms, int64_t smem_budget, int max_cluster,
+                                  int forced) {
+  ClusterSplit s;
+  if (max_cluster > kMaxCluster) max_cluster = kMaxCluster;
+  if (max_cluster < 2 || forced == 1 || batch <= 0 || vocab <= 0) return s;
+  int size = 1;
+  if (forced >= 2) {
+    const int want = forced < max_cluster ? forced : max_cluster;
+    size = 2;
+    while (size * 2 <= want) size *= 2;
+  } else {
+    // H200: clusters of 4 per row at batch 32-64 were slower than one block per row
+    // (top-k-first top-k/top-p 423-610 us vs ~195, min-p at 64: 90 vs 71 us); at batch <= 8
+    // with 16 CTAs per row they win (min-p at batch 1: 31 vs 71 us, top-k: 47 vs 104 us).
+    if (vocab < kClusterMinVocab || batch * kMaxCluster > num_sms) return s;
+    const int64_t fill = num_sms / batch;
+    size = 2;
+    while (size * 2 <= fill && size * 2 <= max_cluster) size *= 2;
+  }
+  while (!slice_fits(vocab, size, smem_budget) && size * 2 <= max_cluster) size *= 2;
+  if (!slice_fits(vocab, size, smem_budget)) return s;
+  s.size = size;
+  s.slice = cluster_slice(vocab, size);
+  return s;
 }
 
 // Kept out of the dynamic shared memory budget (the kernels use no static shared memory).

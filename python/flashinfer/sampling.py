@@ -1,9 +1,12 @@
 """Sorting-free sampling (FlashInfer-compatible ``flashinfer.sampling``).
 
-One kernel per call and one block per output row: top-k / top-p / min-p (joint or
-top-k-first) draw by dual-pivot rejection sampling, the renorm and mask functions find the
+One kernel per call, one block per output row (or, on sm_90 at small batches, one cluster of
+up to 16 blocks per row, each holding a slice of the row in shared memory; the environment
+variable FLASHINFER_SAMPLING_CLUSTER=1 keeps one block, =n forces n): top-k / top-p / min-p
+(joint or top-k-first) draw by dual-pivot rejection sampling, the renorm and mask functions find the
 exact threshold by bracket search, ``sampling_from_logits`` is Gumbel-max. Nothing is sorted.
-Randomness is Philox4x32-10; ``(seed, offset)`` fix every draw bit for bit. Probabilities
+Randomness is Philox4x32-10; ``(seed, offset)`` fix every draw bit for bit for a given split of
+the row (the automatic split depends on the batch size at small batches). Probabilities
 need not be normalized; a row with NaN or no positive mass samples 0 with ``valid=False``.
 """
 
@@ -186,6 +189,67 @@ def _randomness(fw: Any, x: Any, generator: Any, increment: int, seed: Any, offs
     return None, s, None, o
 
 
+# ---- the common call, on a short path ----------------------------------------------------------
+#
+# A CUDA float32 torch tensor, Python-scalar filters (or none), the default generator, no
+# indices / valid / check_nan: one output allocation, one generator update, two DLPack exports
+# and one binding call on a short argument list (the binding checks shapes and dtypes).
+
+_cluster_mode = -1  # CTAs per row: -1 the launcher decides (FLASHINFER_SAMPLING_CLUSTER, heuristic)
+
+
+class _TorchFast:
+    def __init__(self, torch: Any) -> None:
+        self.tensor = torch.Tensor
+        self.float32 = torch.float32
+        self.int32 = torch.int32
+        self.empty = torch.empty
+        self.to_dlpack = torch._C._to_dlpack
+        self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.torch = torch
+        self.gens: dict = {}
+
+
+_fast_torch: Optional[_TorchFast] = None
+
+
+def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any, min_p: Any) -> Any:
+    """The common call's result, or None when the call needs the general path."""
+    t = _fast_torch
+    if t is None:
+        torch = sys.modules.get("torch")
+        if torch is None or getattr(torch._C, "_cuda_getCurrentRawStream", None) is None:
+            return None
+        t = _set_fast_torch(torch)
+    if type(probs) is not t.tensor or probs.dtype is not t.float32:
+        return None
+    dev = probs.get_device()
+    if dev < 0:
+        return None
+    gen = t.gens.get(dev)
+    if gen is None:
+        gen = t.gens[dev] = _torch_generator(t.torch, dev)
+    shape = probs.shape
+    rows = shape[0] if len(shape) else 0
+    out = t.empty((rows,), dtype=t.int32, device=probs.device)  # (cheaper than new_empty on the CPU side)
+    try:
+        seed = gen.initial_seed()
+        off = gen.get_offset()
+        gen.set_offset(off + (rows * draws + 3) // 4 * 4)  # (as get_seed_and_offset rounds)
+    except RuntimeError:  # a generator without offset accessors: through its state
+        seed, off = get_seed_and_offset(rows * draws, gen)
+    dl = t.to_dlpack
+    _sampling.sample_probs(op, dl(probs), dl(out), filters, top_k, top_p, min_p, seed, off, _cluster_mode,
+                           t.raw_stream(dev))
+    return out
+
+
+def _set_fast_torch(torch: Any) -> _TorchFast:
+    global _fast_torch
+    _fast_torch = _TorchFast(torch)
+    return _fast_torch
+
+
 # ---- samplers over probabilities --------------------------------------------------------------
 
 
@@ -209,7 +273,7 @@ def _sample(op: str, probs: Any, indices: Any, generator: Any, check_nan: bool, 
     s_arr, s, o_arr, o = _randomness(fw, probs, generator, batch * draws_per_row, seed, offset, batch)
     _sampling.sampling(op, fw.to_dlpack(probs), fw.to_dlpack(out), _dl(valid, "valid"), _dl(indices, "indices"),
                        k_arr, k, p_arr, 1.0 if top_p is None else p, m_arr, m, filters, s_arr, s, o_arr, o,
-                       _dl(stats, "stats"), fw.stream(probs), True)
+                       _dl(stats, "stats"), _cluster_mode, fw.stream(probs), True)
     return (out, valid) if return_valid else out
 
 
@@ -222,6 +286,10 @@ def sampling_from_probs(probs: Any, indices: Optional[Any] = None, deterministic
     ``indices``' dtype (int32 otherwise). ``return_valid``: also return a bool ``[B]`` that is
     False for rows with NaN or no positive mass (whose sample is 0). Deterministic always.
     """
+    if indices is None and generator is None and seed is None and offset is None and not check_nan and not return_valid:
+        out = _fast("sampling_from_probs", probs, 0, 1, 0, 1.0, 0.0)
+        if out is not None:
+            return out
     return _sample("sampling_from_probs", probs, indices, generator, check_nan, seed, offset, return_valid, 0, 1)
 
 
@@ -231,6 +299,11 @@ def top_p_sampling_from_probs(probs: Any, top_p: Union[Any, float], indices: Opt
                               return_valid: bool = False) -> Any:
     r"""Nucleus sampling from ``{i : mass of tokens above p_i < top_p * total}``, renormalized.
     ``top_p``: a float or a ``[R]`` tensor (per distribution row); ``top_p >= 1`` keeps all."""
+    if (indices is None and generator is None and seed is None and offset is None and not check_nan
+            and not return_valid and type(top_p) is float):
+        out = _fast("top_p_sampling_from_probs", probs, _TOP_P, _ROUNDS, 0, top_p, 0.0)
+        if out is not None:
+            return out
     return _sample("top_p_sampling_from_probs", probs, indices, generator, check_nan, seed, offset, return_valid,
                    _TOP_P, _ROUNDS, top_p=top_p)
 
@@ -241,6 +314,11 @@ def top_k_sampling_from_probs(probs: Any, top_k: Union[Any, int], indices: Optio
                               return_valid: bool = False) -> Any:
     r"""Top-k sampling from ``{i : #{j : p_j > p_i} < top_k}`` (ties at the k-th value all kept).
     ``top_k``: an int or a ``[R]`` int tensor; ``top_k >= V`` (or ``<= 0``) is plain sampling."""
+    if (indices is None and generator is None and seed is None and offset is None and not check_nan
+            and not return_valid and type(top_k) is int):
+        out = _fast("top_k_sampling_from_probs", probs, _TOP_K, _ROUNDS, top_k, 1.0, 0.0)
+        if out is not None:
+            return out
     return _sample("top_k_sampling_from_probs", probs, indices, generator, check_nan, seed, offset, return_valid,
                    _TOP_K, _ROUNDS, top_k=top_k)
 
@@ -250,6 +328,11 @@ def min_p_sampling_from_probs(probs: Any, min_p: Union[Any, float], indices: Opt
                               seed: Optional[Any] = None, offset: Optional[Any] = None,
                               return_valid: bool = False) -> Any:
     r"""Min-p sampling from ``{i : p_i >= min_p * max_j p_j}``. ``min_p``: a float or a ``[R]`` tensor."""
+    if (indices is None and generator is None and seed is None and offset is None and not check_nan
+            and not return_valid and type(min_p) is float):
+        out = _fast("min_p_sampling_from_probs", probs, _MIN_P, 1, 0, 1.0, min_p)
+        if out is not None:
+            return out
     return _sample("min_p_sampling_from_probs", probs, indices, generator, check_nan, seed, offset, return_valid,
                    _MIN_P, 1, min_p=min_p)
 
@@ -270,7 +353,12 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Union[Any, int], top_p: U
     r"""Top-k and top-p together. ``"top_k_first"``: top-p applied to the top-k-renormalized
     distribution (``top_p_sampling_from_probs(top_k_renorm_probs(probs, top_k), top_p)``, fused
     into one kernel); ``"joint"``: the intersection of the top-k and top-p sets of ``probs``."""
-    filters = _order_filters(filter_apply_order)
+    filters = _TOP_K_FIRST if filter_apply_order == "top_k_first" else _order_filters(filter_apply_order)
+    if (indices is None and generator is None and seed is None and offset is None and not check_nan
+            and not return_valid and type(top_k) is int and type(top_p) is float):
+        out = _fast("top_k_top_p_sampling_from_probs", probs, filters, _ROUNDS, top_k, top_p, 0.0)
+        if out is not None:
+            return out
     return _sample("top_k_top_p_sampling_from_probs", probs, indices, generator, check_nan, seed, offset,
                    return_valid, filters, _ROUNDS, top_k=top_k, top_p=top_p)
 
@@ -434,11 +522,31 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
 # ---- diagnostics ------------------------------------------------------------------------------
 
 
+class _force_cluster:
+    """``with _force_cluster(n):`` samples with n CTAs per row (0 or 1: the one-block kernel;
+    n >= 2: a thread-block cluster of n, on sm_90 where the slices fit; -1: the launcher decides,
+    as without it). For tests and benchmarks; overrides FLASHINFER_SAMPLING_CLUSTER."""
+
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+
+    def __enter__(self) -> "_force_cluster":
+        global _cluster_mode
+        self.prev = _cluster_mode
+        _cluster_mode = self.n
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _cluster_mode
+        _cluster_mode = self.prev
+
+
 def _sample_with_stats(probs: Any, top_k: Any = None, top_p: Any = None, min_p: Any = None,
                        filter_apply_order: str = "joint", seed: int = 0, offset: int = 0) -> Tuple[Any, Any]:
     """Samples like the public functions (the filters given) and also returns int32 ``[B, 2]``:
     per row the uniforms drawn (rejection rounds) and the passes over the row (first pass,
-    aggregates and gathers; the ones served from the shared-memory cache included)."""
+    aggregates and gathers; the ones served from the shared-memory cache included; on the
+    cluster path, the passes of the slice of rank 0)."""
     fw = framework_of(probs, "probs")
     filters = (_TOP_K if top_k is not None else 0) | (_TOP_P if top_p is not None else 0)
     if min_p is not None:

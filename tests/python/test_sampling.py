@@ -474,16 +474,20 @@ def test_works_under_default_device_cuda():
         torch.set_default_device(original)
 
 
-def test_deterministic_across_runs_and_batch_invariant():
+@pytest.mark.parametrize("cluster", [1, 4, 16, -1])
+def test_deterministic_across_runs_and_batch_invariant(cluster):
     p = adversarial_rows(128256, 32, 11).to(CUDA)
-    a = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=5, offset=8)
-    for _ in range(3):
-        assert torch.equal(a, fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=5, offset=8))
-    # row b's draw depends on (seed, offset, b) and its row only
-    seeds = torch.full((32,), 5, dtype=torch.int64, device=CUDA)
-    offs = torch.full((32,), 8, dtype=torch.int64, device=CUDA)
-    sub = fs.top_k_top_p_sampling_from_probs(p[:8], 50, 0.9, seed=seeds[:8], offset=offs[:8])
-    assert torch.equal(sub, a[:8])
+    with fs._force_cluster(cluster):
+        a = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=5, offset=8)
+        for _ in range(3):
+            assert torch.equal(a, fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=5, offset=8))
+        if cluster == -1:  # the automatic split depends on the batch size: so may the draws
+            return
+        # for a fixed split, row b's draw depends on (seed, offset, b) and its row only
+        seeds = torch.full((32,), 5, dtype=torch.int64, device=CUDA)
+        offs = torch.full((32,), 8, dtype=torch.int64, device=CUDA)
+        sub = fs.top_k_top_p_sampling_from_probs(p[:8], 50, 0.9, seed=seeds[:8], offset=offs[:8])
+        assert torch.equal(sub, a[:8])
 
 
 # ---- chain speculative sampling -----------------------------------------------------------------

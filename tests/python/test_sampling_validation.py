@@ -225,3 +225,37 @@ def test_top_k_arguments():
     with pytest.raises(ValueError, match="top_k: input.dtype must be float32, float16 or bfloat16; got int32"):
         top_k(x.int(), 5)
     assert flashinfer.top_k is top_k and flashinfer.TopKTieBreak is TopKTieBreak
+
+
+def test_short_path_binding_checks():
+    """The short binding entry point (the fast path's) runs the same checks as the general one."""
+    from flashinfer import _sampling
+
+    dl = torch._C._to_dlpack
+    out = torch.empty(R, dtype=torch.int32)
+    with pytest.raises(ValueError, match=ON_CPU):
+        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs()), dl(out), 1, 5, 1.0, 0.0, 1, 0, -1, 0)
+    with pytest.raises(ValueError, match="top_k_sampling_from_probs: probs.dtype must be float32; got float16"):
+        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs(dtype=torch.float16)), dl(out), 1, 5, 1.0, 0.0,
+                               1, 0, -1, 0)
+    with pytest.raises(ValueError, match=re.escape("out.shape[0] must equal the batch size (4); got 3")):
+        _sampling.sample_probs("sampling_from_probs", dl(probs()), dl(torch.empty(3, dtype=torch.int32)), 0, 0, 1.0,
+                               0.0, 1, 0, -1, 0)
+
+
+def test_short_path_is_skipped_off_device_and_cluster_override_restores():
+    # CPU tensors, non-float32 probs, tensors as parameters and generic objects take the general
+    # path (which names the problem); _force_cluster restores the previous mode on exit.
+    assert fs._fast("sampling_from_probs", probs(), 0, 1, 0, 1.0, 0.0) is None
+    assert fs._fast("sampling_from_probs", np.random.rand(R, V).astype(np.float32), 0, 1, 0, 1.0, 0.0) is None
+    with pytest.raises(ValueError, match=ON_CPU):
+        fs.top_k_top_p_sampling_from_probs(probs(dtype=torch.float16), 5, 0.9)
+    assert fs._cluster_mode == -1
+    with fs._force_cluster(4):
+        assert fs._cluster_mode == 4
+        with fs._force_cluster(1):
+            assert fs._cluster_mode == 1
+        assert fs._cluster_mode == 4
+        with pytest.raises(ValueError, match=ON_CPU):
+            fs.top_p_sampling_from_probs(probs(), 0.9)
+    assert fs._cluster_mode == -1

@@ -71,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     t_start = time.time()
     hdr = (f"{'routine':<20} {'shape':>12} {'dtype':>8} {'gpu_us':>9} {'p10-p90':>15} {'TB/s':>6} {'%peak':>6} "
-           f"{'host_us':>8} {'host_out':>8} {'torch_us':>9} {'vs_torch':>8}")
+           f"{'host_us':>8} {'host_out':>8} {'torch_us':>9} {'vs_torch':>8} {'max/med':>7}")
     print(hdr)
     for i, cargs in enumerate(cases):
         case = ROUTINES[cargs.routine](torch, cargs)
@@ -91,12 +91,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             "torch_ref": case.ref_name, "torch_us": round(ref.median, 2) if ref else None,
             "speedup_vs_torch": round(ref.median / g.median, 2) if ref else None,
             "bytes": case.bytes, "flops": case.flops,
+            "gpu_us_max": round(g.max, 2), "gpu_spread": round(g.max / g.median, 2) if g.median else None,
+            "host_us_max": round(h.max, 2),
         }
+        row.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in case.extra.items()})
         rows.append(row)
         print(f"{case.routine:<20} {case.shape:>12} {case.dtype:>8} {g.median:9.2f} "
               f"{g.p10:7.1f}-{g.p90:<7.1f} {_fmt(tbs, '6.2f')} {_fmt(frac and frac * 100, '5.1f'):>5}% "
               f"{h.median:8.2f} {_fmt(ho and ho.median, '8.2f')} {_fmt(ref and ref.median, '9.2f')} "
-              f"{_fmt(row['speedup_vs_torch'], '7.2f')}x", flush=True)
+              f"{_fmt(row['speedup_vs_torch'], '7.2f')}x {_fmt(row['gpu_spread'], '7.2f')}", flush=True)
+        if case.extra:
+            print("    " + "  ".join(f"{k}={_fmt(v, '.2f') if isinstance(v, float) else v}"
+                                     for k, v in case.extra.items()), flush=True)
         if len(cases) > 20:
             print(f"  [{i + 1}/{len(cases)}] {time.time() - t_start:.0f}s", file=sys.stderr, flush=True)
     if args.output_path:
@@ -105,7 +111,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 json.dump(rows, f, indent=1)
         else:
             with open(args.output_path, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                fields = list(dict.fromkeys(k for r in rows for k in r))  # (extra keys vary by routine)
+                w = csv.DictWriter(f, fieldnames=fields, restval="")
                 w.writeheader()
                 w.writerows(rows)
     return 0

@@ -33,10 +33,16 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     add("--top-p", type=float, default=0.9, help="sampling: top-p")
     add("--min-p", type=float, default=0.1, help="sampling: min-p")
     add("--per-row", action="store_true", help="sampling: top-k / top-p as per-row tensors")
+    add("--dist", default="randn", choices=["randn", "peaked"],
+        help="sampling: probabilities softmax(randn) or softmax(4 * randn) (peaked)")
 
 
-def _probs(torch, args):
-    return torch.softmax(torch.randn(args.batch_size, args.vocab_size, device="cuda"), -1)
+_SCALE = {"randn": 1.0, "peaked": 4.0}
+
+
+def _probs(torch, args, dist=None):
+    scale = _SCALE[dist or getattr(args, "dist", "randn")]
+    return torch.softmax(scale * torch.randn(args.batch_size, args.vocab_size, device="cuda"), -1)
 
 
 def _param(torch, args, value, dtype):
@@ -61,20 +67,26 @@ def _sorted_pipeline(torch, probs, k, p):
 
 
 def _rounds(probs, args, **filters):
-    """Mean / max draws (rejection rounds) and passes over the row, measured once."""
-    _, stats = fs._sample_with_stats(probs, seed=1, offset=0, **filters)
-    d, n = stats[:, 0].float(), stats[:, 1].float()
-    extra = {"rounds_mean": float(d.mean()), "rounds_max": float(d.max()), "passes_mean": float(n.mean()),
-             "passes_max": float(n.max())}
+    """Mean / max draws (rejection rounds) and passes over the row, measured once on the bench's
+    probabilities and once on each distribution kind (softmax(randn), peaked softmax(4 randn))."""
+    import torch
+
+    extra = {}
+    for name, p in [("", probs)] + [(f"{d}_", _probs(torch, args, d)) for d in _SCALE]:
+        _, stats = fs._sample_with_stats(p, seed=1, offset=0, **filters)
+        d, n = stats[:, 0].float(), stats[:, 1].float()
+        extra.update({f"{name}rounds_mean": float(d.mean()), f"{name}rounds_max": float(d.max()),
+                      f"{name}passes_mean": float(n.mean()), f"{name}passes_max": float(n.max())})
     print(f"  [{args.routine} {args.batch_size}x{args.vocab_size}] rounds per row mean {extra['rounds_mean']:.2f} "
-          f"max {extra['rounds_max']:.0f}; passes over the row mean {extra['passes_mean']:.2f} "
-          f"max {extra['passes_max']:.0f}", file=sys.stderr)
+          f"max {extra['rounds_max']:.0f} (randn {extra['randn_rounds_mean']:.2f}/{extra['randn_rounds_max']:.0f}, "
+          f"peaked {extra['peaked_rounds_mean']:.2f}/{extra['peaked_rounds_max']:.0f}); passes over the row mean "
+          f"{extra['passes_mean']:.2f} max {extra['passes_max']:.0f}", file=sys.stderr)
     return extra
 
 
 def _case(torch, args, name, ours, ref, ref_name, probs, **filters) -> Case:
     b, v = args.batch_size, args.vocab_size
-    shape = f"{b}x{v}" + (" per-row" if args.per_row else "")
+    shape = f"{b}x{v}" + (" per-row" if args.per_row else "") + (" peaked" if args.dist == "peaked" else "")
     return Case(name, shape, "float32", ours, None, ref, ref_name, bytes=b * v * 4,
                 extra=_rounds(probs, args, **filters))
 

@@ -24,12 +24,13 @@ class Stats:
     p10: float
     p90: float
     n: int
+    max: float = 0.0
 
     @staticmethod
     def of(xs: List[float]) -> "Stats":
         xs = sorted(xs)
         q = statistics.quantiles(xs, n=10) if len(xs) >= 10 else [xs[0]] * 9
-        return Stats(statistics.median(xs), q[0], q[-1], len(xs))
+        return Stats(statistics.median(xs), q[0], q[-1], len(xs), xs[-1])
 
 
 class Timer:

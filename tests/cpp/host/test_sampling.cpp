@@ -253,9 +253,46 @@ void check_layout() {
 
 }  // namespace
 
+// The cluster path's split and per-CTA layout: the automatic rule (fill the SMs at small
+// batches, at least enough CTAs for the slice to fit), forced sizes, and a layout that caches
+// every element of the slice with the exchange area inside the budget.
+void check_cluster_split() {
+  const int64_t budget = int64_t{227} * 1024 - kStaticSmemReserve;
+  CHECK(cluster_split(1, 128256, 132, budget, 16, 0).size == 16);
+  CHECK(cluster_split(8, 128256, 132, budget, 16, 0).size == 16);
+  CHECK(cluster_split(9, 128256, 132, budget, 16, 0).size == 1);    // batch * 16 > #SMs: one block
+  CHECK(cluster_split(32, 128256, 132, budget, 16, 0).size == 1);
+  CHECK(cluster_split(64, 128256, 132, budget, 16, 0).size == 1);
+  CHECK(cluster_split(256, 128256, 132, budget, 16, 0).size == 1);
+  CHECK(cluster_split(256, 128256, 132, budget, 16, 8).size == 8);  // forced
+  CHECK(cluster_split(256, 128256, 132, budget, 16, 2).size == 4);  // forced 2 does not fit: 4
+  CHECK(cluster_split(256, 128256, 132, budget, 16, 5).size == 4);  // powers of two
+  CHECK(cluster_split(1, 128256, 132, budget, 16, 1).size == 1);
+  CHECK(cluster_split(1, 4000, 132, budget, 16, 0).size == 1);      // short rows: one block
+  CHECK(cluster_split(1, 4000, 132, budget, 16, 4).size == 4);      // unless forced
+  CHECK(cluster_split(1, 128256, 132, budget, 1, 0).size == 1);     // no clusters (below sm_90)
+  CHECK(cluster_split(1, 128256, 132, budget, 8, 16).size == 8);
+  CHECK(cluster_split(1, 1 << 22, 132, budget, 16, 0).size == 1);   // 16 MiB rows never fit
+  for (int v : {1, 7, 111, 8192, 128256, 128257, 262144}) {
+    for (int s : {2, 4, 8, 16}) {
+      const int slice = cluster_slice(v, s);
+      CHECK(slice % 4 == 0 && int64_t{slice} * s >= v && int64_t{slice} * (s - 1) < int64_t{v} + 4 * s);
+      const ScanLayout L = slice_layout(slice);
+      CHECK(L.cache_elems >= slice && L.cache_elems % L.tile == 0 && L.list_cap == 0);
+      CHECK(int64_t{L.steps} * L.threads * kStepElems >= L.cache_elems);  // the first pass fills the cache
+      CHECK(L.threads % 32 == 0 && L.threads <= kMaxThreads && L.chunks <= kMaxChunks);
+      CHECK(L.off_cluster % 16 == 0 && L.smem_bytes >= L.off_cluster + kClusterBytes);
+      CHECK(L.off_table >= kScratchBytes + int64_t{L.cache_elems} * 4);
+    }
+  }
+  const ClusterSplit cs = cluster_split(1, 128256, 132, budget, 16, 0);
+  CHECK(cs.slice == 8016 && slice_layout(cs.slice).smem_bytes <= budget && slice_layout(cs.slice).threads == 256);
+}
+
 int main() {
   check_keys();
   check_layout();
+  check_cluster_split();
   check_membership();
   check_large_vocab();
   check_select();

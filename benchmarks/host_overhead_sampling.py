@@ -1,0 +1,62 @@
+"""Where the host time of one sampling call goes, on the GPU machine: median microseconds per
+call (batches of 50 with a sync between) for the pieces of the short Python path (allocation,
+generator update, DLPack exports, the binding) and for whole calls, general and short path."""
+
+import statistics
+import time
+
+import torch
+
+import flashinfer.sampling as fs
+from flashinfer import _sampling
+
+
+def med_us(fn, n=10000, batch=50):
+    fn()
+    torch.cuda.synchronize()
+    xs = []
+    pc = time.perf_counter
+    for _ in range(n // batch):
+        for _ in range(batch):
+            t0 = pc()
+            fn()
+            xs.append(pc() - t0)
+        torch.cuda.synchronize()
+    return statistics.median(xs) * 1e6
+
+
+def main():
+    p = torch.softmax(torch.randn(1, 128256, device="cuda"), -1)
+    out = torch.empty(1, dtype=torch.int32, device="cuda")
+    gen = torch.cuda.default_generators[0]
+    dl = torch._C._to_dlpack
+    s = torch._C._cuda_getCurrentRawStream(0)
+    k = torch.full((1,), 50, dtype=torch.int32, device="cuda")
+    tp = torch.full((1,), 0.9, device="cuda")
+
+    def gen_update():
+        seed, off = gen.initial_seed(), gen.get_offset()
+        gen.set_offset(off + 32)
+
+    rows = [
+        ("p.new_empty((1,), dtype=int32)", lambda: p.new_empty((1,), dtype=torch.int32)),
+        ("torch.empty(1, dtype, device=p.device)", lambda: torch.empty(1, dtype=torch.int32, device=p.device)),
+        ("generator seed/offset update", gen_update),
+        ("2 x _to_dlpack", lambda: (dl(p), dl(out))),
+        ("_sampling.sample_probs direct (top-k/top-p)",
+         lambda: _sampling.sample_probs("x", dl(p), dl(out), 8, 50, 0.9, 0.0, 1, 0, -1, s)),
+        ("sampling_from_probs(p)", lambda: fs.sampling_from_probs(p)),
+        ("top_p_sampling_from_probs(p, 0.9)", lambda: fs.top_p_sampling_from_probs(p, 0.9)),
+        ("min_p_sampling_from_probs(p, 0.1)", lambda: fs.min_p_sampling_from_probs(p, 0.1)),
+        ("top_k_sampling_from_probs(p, 50)", lambda: fs.top_k_sampling_from_probs(p, 50)),
+        ("top_k_top_p_sampling_from_probs(p, 50, 0.9)", lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9)),
+        ("  ... per-row tensors (general path)", lambda: fs.top_k_top_p_sampling_from_probs(p, k, tp)),
+        ("  ... seed=, offset= (general path)", lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=1, offset=0)),
+    ]
+    print(f"{'host call':<46} {'median us':>9}")
+    for name, fn in rows:
+        print(f"{name:<46} {med_us(fn):9.2f}")
+
+
+if __name__ == "__main__":
+    main()
