@@ -196,9 +196,17 @@ inline NormShape norm_plan(int64_t rows, int64_t hidden, int vec_elems, bool ali
   const int64_t nvec = hidden / vec_elems;
   if (t.variant == NormVariant::kPipe || (t.variant == NormVariant::kAuto && base.path == NormPath::kWarpRows))
     return base;
+  // LayerNorm: the pipelined kernel measured faster (32768 x 4096 bf16 on the H200: 68% vs 62%).
+  if (t.variant == NormVariant::kAuto && kind == NormKind::kLayer) return base;
+  // Defaults measured on the H200 (bf16, % of the copy ceiling; benchmarks/NOTES.md):
+  // RMSNorm with >= 1024 rows takes 2 vectors per thread (4096 x 4096: 70% vs 58%; 32768 x 4096:
+  // 90.0% vs 88.4%) and, for >= 16384 rows of >= 1024 vectors, 2 rows per block (32768 x 8192:
+  // 89.9% vs 85.9%); fewer rows keep 1 vector per thread (128 x 4096: 5.5 vs 5.9 us). Fused add:
+  // 1 vector per thread, 2 rows per block for >= 16384 rows of <= 512 vectors (92.2% vs 90.9%).
   int v = t.vecs_per_thread, r = t.rows_per_block;
-  if (v == 0) v = nvec <= 1024 ? 1 : 2;
-  if (r == 0) r = kind == NormKind::kRMS && rows >= 16384 ? 2 : 1;
+  const bool rms = kind == NormKind::kRMS;
+  if (v == 0) v = nvec > 1024 || (rms && rows >= 1024) ? 2 : 1;
+  if (r == 0) r = rows >= 16384 && ((rms && nvec >= 1024) || (!rms && nvec <= 512)) ? 2 : 1;
   NormShape l;
   if (rows_shape(nvec, v, r, &l)) return l;
   return base;  // too wide for registers: kPipelined (or kScalar)

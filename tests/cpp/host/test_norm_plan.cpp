@@ -59,20 +59,22 @@ int main() {
   // Default rule: the benchmark shapes.
   {
     NormShape l = plan(32768, 4096, NormKind::kRMS, autot);
-    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 2 && l.threads == 512);
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 1 && l.threads == 256);
     l = plan(32768, 8192, NormKind::kRMS, autot);
-    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 2 && l.threads == 1024);
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 2 && l.threads == 512);
     l = plan(4096, 4096, NormKind::kRMS, autot);
-    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 1 && l.threads == 512);
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 1 && l.threads == 256);
     for (int64_t rows : {1, 128}) {
       l = plan(rows, 4096, NormKind::kRMS, autot);
-      CHECK(l.path == NormPath::kRows && l.rows_per_block == 1 && l.threads == 512);
+      CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 1 && l.threads == 512);
     }
     for (int64_t rows : {1, 4096, 32768}) {
       l = plan(rows, 4096, NormKind::kFusedAddRMS, autot);
-      CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 1 && l.threads == 512);
+      CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == (rows >= 16384 ? 2 : 1) &&
+            l.threads == 512);
       l = plan(rows, 8192, NormKind::kFusedAddRMS, autot);
       CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 1 && l.threads == 1024);
+      CHECK(plan(rows, 4096, NormKind::kLayer, autot).path == NormPath::kPipelined);
     }
     l = plan(7, 16384, NormKind::kRMS, autot);  // 2048 vectors: two per thread
     CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.threads == 1024);
