@@ -2,27 +2,12 @@
 call (batches of 50 with a sync between) for the pieces of the short Python path (allocation,
 generator update, DLPack exports, the binding) and for whole calls, general and short path."""
 
-import statistics
-import time
-
 import torch
 
 import flashinfer.sampling as fs
 from flashinfer import _sampling
 
-
-def med_us(fn, n=10000, batch=50):
-    fn()
-    torch.cuda.synchronize()
-    xs = []
-    pc = time.perf_counter
-    for _ in range(n // batch):
-        for _ in range(batch):
-            t0 = pc()
-            fn()
-            xs.append(pc() - t0)
-        torch.cuda.synchronize()
-    return statistics.median(xs) * 1e6
+from host_overhead import med_us  # (run from benchmarks/)
 
 
 def main():
