@@ -138,7 +138,7 @@ FLASHINFER_DEVICE float merge_partials(const float* partial_o, const float* part
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
 // (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
 // (threadFenceReduction pattern: fence, count, the last one reads everyone's writes). Each
-// thread merges 4 dims of one head, so a group of 8 heads x 128 dims keeps 256 lanes busy.
+// thread merges 4 dims of one head: 4 heads x 128 dims give every one of the 128 threads work.
 template <typename T, int kHeadDim>
 FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng) {
   constexpr int kV = 4;
