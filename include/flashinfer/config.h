@@ -16,6 +16,14 @@
 #define FLASHINFER_UNROLL
 #endif
 
+// For __host__ __device__ loops: g++ rejects "#pragma unroll" in the host pass of such code,
+// so unroll in the device pass only.
+#if defined(__CUDA_ARCH__)
+#define FLASHINFER_HD_UNROLL _Pragma("unroll")
+#else
+#define FLASHINFER_HD_UNROLL
+#endif
+
 namespace flashinfer {
 
 // ceil(a / b) for positive integers, usable on host and device.

@@ -95,15 +95,7 @@ __global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, cons
 template <typename IdType, typename SeqT>
 __global__ void BatchIndicesPositionsKernel(const BatchIndicesPositionsParams<IdType, SeqT> p) {
   const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (e >= p.nnz) return;
-  int64_t b = 0, pos = 0;
-  if (append_entry_position(p.append_indptr, p.seq_lens, p.batch_size, e, &b, &pos)) {
-    p.batch_indices[e] = static_cast<int32_t>(b);
-    p.positions[e] = static_cast<int32_t>(pos);
-  } else {
-    p.batch_indices[e] = -1;
-    if (p.zero_unheld) p.positions[e] = 0;
-  }
+  if (e < p.nnz) batch_index_position(p, e);
 }
 
 // Launches the append on `stream`. T: uint16_t (fp16/bf16) or uint8_t (fp8) storage.

@@ -221,19 +221,24 @@ struct BatchIndicesPositionsParams {
   bool zero_unheld;
 };
 
+// Writes entry e's (batch index, position); -1 (and position 0 with zero_unheld) for an
+// entry no request holds. The kernel runs it per thread, the host path per entry.
+template <typename IdType, typename SeqT>
+FLASHINFER_HOST_DEVICE void batch_index_position(const BatchIndicesPositionsParams<IdType, SeqT>& p, int64_t e) {
+  int64_t b = 0, pos = 0;
+  if (append_entry_position(p.append_indptr, p.seq_lens, p.batch_size, e, &b, &pos)) {
+    p.batch_indices[e] = static_cast<int32_t>(b);
+    p.positions[e] = static_cast<int32_t>(pos);
+  } else {
+    p.batch_indices[e] = -1;
+    if (p.zero_unheld) p.positions[e] = 0;
+  }
+}
+
 // The same on the host (CPU tensors), entry by entry.
 template <typename IdType, typename SeqT>
 void batch_indices_positions_host(const BatchIndicesPositionsParams<IdType, SeqT>& p) {
-  for (int64_t e = 0; e < p.nnz; ++e) {
-    int64_t b = 0, pos = 0;
-    if (append_entry_position(p.append_indptr, p.seq_lens, p.batch_size, e, &b, &pos)) {
-      p.batch_indices[e] = static_cast<int32_t>(b);
-      p.positions[e] = static_cast<int32_t>(pos);
-    } else {
-      p.batch_indices[e] = -1;
-      if (p.zero_unheld) p.positions[e] = 0;
-    }
-  }
+  for (int64_t e = 0; e < p.nnz; ++e) batch_index_position(p, e);
 }
 
 }  // namespace paged_kv

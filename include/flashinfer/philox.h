@@ -7,16 +7,6 @@
 
 #include "config.h"
 
-// config.h's FLASHINFER_UNROLL reaches g++ (which rejects "#pragma unroll") in the host pass of
-// __host__ __device__ code; unroll in the device pass only.
-#ifndef FLASHINFER_HD_UNROLL
-#if defined(__CUDA_ARCH__)
-#define FLASHINFER_HD_UNROLL _Pragma("unroll")
-#else
-#define FLASHINFER_HD_UNROLL
-#endif
-#endif
-
 namespace flashinfer {
 
 struct Philox4x32 {

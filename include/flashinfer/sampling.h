@@ -9,16 +9,6 @@
 
 #include "config.h"
 
-// config.h's FLASHINFER_UNROLL reaches g++ (which rejects "#pragma unroll") in the host pass of
-// __host__ __device__ code; unroll in the device pass only.
-#ifndef FLASHINFER_HD_UNROLL
-#if defined(__CUDA_ARCH__)
-#define FLASHINFER_HD_UNROLL _Pragma("unroll")
-#else
-#define FLASHINFER_HD_UNROLL
-#endif
-#endif
-
 // The drivers are __host__ __device__ templates whose Source may be device-only.
 #if defined(__CUDACC__)
 #define FLASHINFER_HD_TEMPLATE _Pragma("nv_exec_check_disable")
