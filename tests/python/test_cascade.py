@@ -631,3 +631,19 @@ def test_cupy_arrays_in_cupy_arrays_out():
     ev, es = ref.merge_state(v_a, s_a, v_b, s_b)
     assert_values(torch.from_dlpack(v), ev)
     assert_lse(torch.from_dlpack(s), es)
+
+
+@pytest.mark.parametrize("vecs", ["1", "4", "8"])
+def test_merge_state_vectors_per_thread_knob(vecs):
+    """FLASHINFER_MERGE_VECS (read once, so in a fresh interpreter) picks another tile shape of
+    merge_state / merge_state_in_place; every one passes the merge_state tests."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FLASHINFER_MERGE_VECS=vecs)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                        "test_merge_state_matches_reference or test_merge_state_in_place_matches_reference or "
+                        "test_merge_state_in_place_mask_with_wide_heads or test_merge_state_strided_views"],
+                       env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "../cp_async.cuh"
 #include "../math.cuh"
 #include "../occupancy.h"
@@ -106,7 +108,7 @@ FLASHINFER_DEVICE unsigned group_mask(const MergeShape& l) {
 // any alignment); every load of a thread (kVecs vectors of each input, both LSEs) is issued
 // before the first is used.
 template <typename T, int kE, int kVecs>
-__global__ void __launch_bounds__(kMergeThreads, 6) MergeStateKernel(const MergeStateParams<T> p, const MergeShape l) {
+__global__ void __launch_bounds__(kMergeThreads, kVecs <= 2 ? 6 : (kVecs == 4 ? 4 : 2)) MergeStateKernel(const MergeStateParams<T> p, const MergeShape l) {
   using V = detail::Pack<T, kE>;
   const int g = static_cast<int>(threadIdx.x) >> l.group_log2;
   const int lane = static_cast<int>(threadIdx.x) & (l.group - 1);
@@ -309,13 +311,25 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
   const bool vec = p.head_dim % kE == 0 && vec_aligned(p.v_a, p.a.v_n, p.a.v_h, kE, sizeof(T)) &&
                    vec_aligned(p.v_b, p.b.v_n, p.b.v_h, kE, sizeof(T)) &&
                    vec_aligned(p.v_out, p.out.v_n, p.out.v_h, kE, sizeof(T));
+  // 16-byte vectors per thread: FLASHINFER_MERGE_VECS=1|2|4|8 (a tuning knob, read once).
+  static const int env_vecs = [] {
+    const char* e = std::getenv("FLASHINFER_MERGE_VECS");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 || v == 8 ? v : kMergeVecs;
+  }();
+  const int vecs = vec ? env_vecs : kMergeVecs;
   auto run = [&](const MergeShape& l) {
     if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
-    if (vec) return launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
-    return launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
+    if (!vec || l.head_vecs == 0) return launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
+    switch (l.vecs) {
+      case 1: return launch(MergeStateKernel<T, kE, 1>, grid, block, 0, stream, p.pdl, p, l);
+      case 4: return launch(MergeStateKernel<T, kE, 4>, grid, block, 0, stream, p.pdl, p, l);
+      case 8: return launch(MergeStateKernel<T, kE, 8>, grid, block, 0, stream, p.pdl, p, l);
+      default: return launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
+    }
   };
-  MergeShape l = merge_shape(row_heads, p.head_dim, vec ? kE : 1, kMergeVecs);
+  MergeShape l = merge_shape(row_heads, p.head_dim, vec ? kE : 1, vecs);
   if (l.rounds > 1 && (p.s_out == p.s_a || p.s_out == p.s_b)) {
     l.write_s = false;
     FLASHINFER_CUDA_TRY(run(l));

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "../dispatch.h"
 #include "../occupancy.h"
@@ -78,14 +79,37 @@ inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_
   return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
 }
 
+// The tensor-core kernel's copy engine: bulk copies (TMA) on sm_90+ unless
+// FLASHINFER_DECODE_COPY=cpasync (read once); "bulk" asks for them where the GPU has them.
+inline bool decode_tc_bulk_enabled(const DeviceInfo& dev) {
+  static const int mode = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_COPY");
+    if (e && std::strcmp(e, "cpasync") == 0) return 0;
+    return 1;
+  }();
+  return mode == 1 && dev.cc_major >= 9;
+}
+
+// Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
+template <typename T>
+bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
+  constexpr int64_t kE = 16 / sizeof(T);
+  auto al = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return al(p.kv.k_data) && al(p.kv.v_data) && p.kv.stride_page % kE == 0 && p.kv.stride_n % kE == 0 &&
+         p.kv.stride_h % kE == 0 && p.v_stride_page % kE == 0 && p.v_stride_n % kE == 0 && p.v_stride_h % kE == 0;
+}
+
 template <typename T, int kHeadDim, int kG>
-cudaError_t decode_shape_for(bool tc, DecodeLaunch* l) {
+cudaError_t decode_shape_for(bool tc, bool bulk, DecodeLaunch* l) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 once the copy
       // loop is lean (128 x 8192: 1142 vs 1157 us; 64 x 2048: 163 vs 176 us).
-      return decode_launch_shape<DecodeTCKernel<T, kHeadDim>>(decode_tc_stage_bytes(kHeadDim),
-                                                              decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
+      if (bulk)
+        return decode_launch_shape<DecodeTCKernel<T, kHeadDim, true>>(
+            decode_tc_stage_bytes(kHeadDim, true), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
+      return decode_launch_shape<DecodeTCKernel<T, kHeadDim, false>>(
+          decode_tc_stage_bytes(kHeadDim, false), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
     }
   }
   return decode_launch_shape<DecodeKernel<T, kHeadDim, kG>>(kDecodeStageBytes, decode_merge_smem(kHeadDim), l);
@@ -95,14 +119,25 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
                              cudaStream_t stream) {
   const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim);
+  bool bulk = false;
+  if (tc) {
+    DeviceInfo dev;
+    FLASHINFER_CUDA_TRY(current_device_info(&dev));
+    bulk = decode_tc_bulk_enabled(dev) && decode_tc_bulk_aligned(p);
+  }
   DecodeLaunch l;
-  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, &l)));
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, bulk, &l)));
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
   bool launched = false;
   if constexpr (kHeadDim <= 128) {
     if (tc) {
-      FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim>, dim3(static_cast<unsigned>(grid)),
-                                 dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+      if (bulk && l.stages <= kTcMaxStages) {
+        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, true>, dim3(static_cast<unsigned>(grid)),
+                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+      } else {
+        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, false>, dim3(static_cast<unsigned>(grid)),
+                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+      }
       launched = true;
     }
   }
@@ -140,23 +175,24 @@ cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int
 template <typename T>
 cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms) {
   const bool tc = decode_uses_tc(use_tc, pos, head_dim);
+  DeviceInfo dev;
+  FLASHINFER_CUDA_TRY(current_device_info(&dev));
+  const bool bulk = tc && decode_tc_bulk_enabled(dev);
   DecodeLaunch l;
   cudaError_t err = cudaErrorInvalidValue;
   const int bucket = decode_group_bucket(group_size);
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, &l); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, &l); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, &l); break;
-      default: err = decode_shape_for<T, kD, 8>(tc, &l); break;
+      case 1: err = decode_shape_for<T, kD, 1>(tc, bulk, &l); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, bulk, &l); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, bulk, &l); break;
+      default: err = decode_shape_for<T, kD, 8>(tc, bulk, &l); break;
     }
     return Status::kSuccess;
   };
   if (with_int<64, 128, 256>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
-  DeviceInfo dev;
-  FLASHINFER_CUDA_TRY(current_device_info(&dev));
   *num_sms = dev.num_sms;
   *ctas = static_cast<int>(l.grid / dev.num_sms);
   return cudaSuccess;
