@@ -305,6 +305,21 @@ void get_batch_indices_positions(MutTensor append_indptr, MutTensor seq_lens, Mu
   }
 }
 
+// Benchmark/test hook: overwrite the knobs FLASHINFER_APPEND_VPT / _THREADS set at start-up.
+void set_append_tuning(int vecs_per_thread, int threads) {
+  namespace pk = flashinfer::paged_kv;
+  if (!pk::valid_append_vpt(vecs_per_thread))
+    fb::fail("_set_tuning: vecs_per_thread must be 0 (auto), 2, 4 or 8; got " + str(vecs_per_thread));
+  if (!pk::valid_append_threads(threads))
+    fb::fail("_set_tuning: threads must be 0 (auto), 128, 256, 512 or 1024; got " + str(threads));
+  pk::append_tuning() = pk::AppendTuning{vecs_per_thread, threads};
+}
+
+nb::tuple get_append_tuning() {
+  const flashinfer::paged_kv::AppendTuning& t = flashinfer::paged_kv::append_tuning();
+  return nb::make_tuple(t.vecs_per_thread, t.threads);
+}
+
 }  // namespace
 
 NB_MODULE(_page, m) {
@@ -314,4 +329,6 @@ NB_MODULE(_page, m) {
         "kv_layout"_a, "stream"_a, "err"_a.none());
   m.def("get_batch_indices_positions", &get_batch_indices_positions, "append_indptr"_a, "seq_lens"_a,
         "batch_indices"_a, "positions"_a, "zero_unheld"_a, "stream"_a);
+  m.def("_set_tuning", &set_append_tuning, "vecs_per_thread"_a = 0, "threads"_a = 0);
+  m.def("_tuning", &get_append_tuning);
 }

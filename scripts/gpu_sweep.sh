@@ -12,7 +12,7 @@ while IFS='|' read -r label assigns; do
   [ -z "$label" ] && continue
   i=$((i + 1))
   env $assigns python3 -m flashinfer.bench --testlist "${CASES}" --no-ref --host-calls ${HOST_CALLS:-50} \
-    --reps ${REPS:-50} > "$OUT/sweep_$i.txt" 2> "$OUT/sweep_$i.err"
+    --reps ${REPS:-50} > "$OUT/${TAG:-sweep}_$i.txt" 2> "$OUT/${TAG:-sweep}_$i.err"
   echo "== $label ($assigns)"
-  cut -c1-95 "$OUT/sweep_$i.txt"; tail -2 "$OUT/sweep_$i.err"
+  cut -c1-95 "$OUT/${TAG:-sweep}_$i.txt"; tail -2 "$OUT/${TAG:-sweep}_$i.err"
 done <<< "${CONFIGS}"

@@ -38,21 +38,23 @@ FLASHINFER_DEVICE U load_once(const U* p) {
 
 }  // namespace detail
 
-// Thread = (token i, slot s), see AppendLaunch. Issue order: the token's batch index and
-// position, then the K/V loads; the lookup's dependent loads (indptr[b], then the page id)
-// overlap the K/V loads. A token whose (batch index, position) has no page in the table is
-// skipped. (A block-shared copy of indptr for small tables measured slower on the H200:
-// 65536 tokens 78% vs 84% of the copy ceiling.)
-template <typename T, typename IdType, int kE>
-__global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, const AppendLaunch l) {
+// Thread = (token i, slot s), see AppendLaunch; kV = vecs_per_thread. Issue order: the
+// token's batch index and position, then all 2 kV K/V loads; the lookup's dependent loads
+// (indptr[b], then the page id) overlap the K/V loads. A token whose (batch index, position)
+// has no page in the table is skipped. Token-local vector indices are 32-bit (validate()).
+// (A block-shared copy of indptr for small tables measured slower on the H200: 65536 tokens
+// 78% vs 84% of the copy ceiling.)
+template <typename T, typename IdType, int kE, int kV>
+__global__ void __launch_bounds__(append_max_threads(kV))
+    AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, const AppendLaunch l) {
   using U = detail::AppendUnit<T, kE>;
   static_assert(sizeof(U) == kE * sizeof(T), "a unit is kE elements");
-  constexpr int kV = kAppendVecsPerThread;
+  const uint32_t slots = static_cast<uint32_t>(l.slots_per_token);
+  const uint32_t vph = static_cast<uint32_t>(l.vecs_per_head), vpt = static_cast<uint32_t>(l.vecs_per_token);
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   // 32-bit division where it fits (a 64-bit one is a ~60-instruction subroutine)
-  const int64_t i = idx <= 0xffffffffLL ? int64_t{static_cast<uint32_t>(idx) / static_cast<uint32_t>(l.slots_per_token)}
-                                        : idx / l.slots_per_token;
-  const int64_t s = idx - i * l.slots_per_token;
+  const int64_t i = idx <= 0xffffffffLL ? int64_t{static_cast<uint32_t>(idx) / slots} : idx / l.slots_per_token;
+  const uint32_t s = static_cast<uint32_t>(idx - i * l.slots_per_token);
   const bool live = i < p.nnz;
   int64_t b = 0, pos = 0;
   if (live) {
@@ -61,17 +63,17 @@ __global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, cons
   }
 
   U kvec[kV], vvec[kV];
-  int64_t head[kV], feat[kV];
+  uint32_t head[kV], feat[kV];
+  const T* key = p.key + i * p.key_stride_n;
+  const T* value = p.value + i * p.value_stride_n;
   FLASHINFER_UNROLL
   for (int m = 0; m < kV; ++m) {
-    const int64_t j = s + m * l.slots_per_token;  // < 2 * vecs_per_token: 32 bits suffice
-    head[m] = int64_t{static_cast<uint32_t>(j) / static_cast<uint32_t>(l.vecs_per_head)};
-    feat[m] = (j - head[m] * l.vecs_per_head) * kE;
-    if (live && j < l.vecs_per_token) {
-      kvec[m] = detail::load_once(reinterpret_cast<const U*>(p.key + i * p.key_stride_n + head[m] * p.key_stride_h +
-                                                             feat[m]));
-      vvec[m] = detail::load_once(reinterpret_cast<const U*>(p.value + i * p.value_stride_n +
-                                                             head[m] * p.value_stride_h + feat[m]));
+    const uint32_t j = s + m * slots;  // < kV * slots <= vecs_per_token + kV: 32 bits (validate)
+    head[m] = j / vph;
+    feat[m] = (j - head[m] * vph) * kE;
+    if (live && j < vpt) {
+      kvec[m] = detail::load_once(reinterpret_cast<const U*>(key + head[m] * p.key_stride_h + feat[m]));
+      vvec[m] = detail::load_once(reinterpret_cast<const U*>(value + head[m] * p.value_stride_h + feat[m]));
     }
   }
   const PagedKV<T, IdType>& kv = p.kv;
@@ -82,10 +84,11 @@ __global__ void AppendPagedKVKernel(const AppendPagedKVParams<T, IdType> p, cons
     if (s == 0) record_index_error(p.err, bad, i);
     return;
   }
+  const int64_t base = kv.offset(page, entry, 0);
   FLASHINFER_UNROLL
   for (int m = 0; m < kV; ++m) {
-    if (s + m * l.slots_per_token >= l.vecs_per_token) continue;
-    const int64_t off = kv.offset(page, entry, head[m]) + feat[m];
+    if (s + m * slots >= vpt) continue;
+    const int64_t off = base + head[m] * kv.stride_h + feat[m];
     // default caching: attention reads these next
     *reinterpret_cast<U*>(kv.k_data + off) = kvec[m];
     *reinterpret_cast<U*>(kv.v_data + off) = vvec[m];
@@ -110,10 +113,18 @@ cudaError_t AppendPagedKV(const AppendPagedKVParams<T, IdType>& p, cudaStream_t 
                          mult(p.key_stride_n) && mult(p.key_stride_h) && mult(p.value_stride_n) &&
                          mult(p.value_stride_h) && mult(p.kv.stride_page) && mult(p.kv.stride_n) &&
                          mult(p.kv.stride_h);
-  const AppendLaunch l = append_launch_config(p.nnz, p.kv.num_heads, p.kv.head_dim, kE, aligned16);
+  const AppendLaunch l = append_launch_config(p.nnz, p.kv.num_heads, p.kv.head_dim, kE, aligned16, append_tuning());
+  if (l.blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;  // validate() bounds every tuning
   const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
-  if (l.vectorized) return launch(AppendPagedKVKernel<T, IdType, kE>, grid, block, 0, stream, false, p, l);
-  return launch(AppendPagedKVKernel<T, IdType, 1>, grid, block, 0, stream, false, p, l);
+  if (!l.vectorized) {
+    return launch(AppendPagedKVKernel<T, IdType, 1, kAppendScalarVecsPerThread>, grid, block, 0, stream, false, p, l);
+  }
+  switch (l.vecs_per_thread) {
+    case 2: return launch(AppendPagedKVKernel<T, IdType, kE, 2>, grid, block, 0, stream, false, p, l);
+    case 4: return launch(AppendPagedKVKernel<T, IdType, kE, 4>, grid, block, 0, stream, false, p, l);
+    case 8: return launch(AppendPagedKVKernel<T, IdType, kE, 8>, grid, block, 0, stream, false, p, l);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename IdType, typename SeqT>

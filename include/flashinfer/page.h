@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "config.h"
 #include "status.h"
@@ -162,15 +163,51 @@ struct AppendPagedKVParams {
   int32_t* err;           // [2] or null: index errors recorded by index_check.h (opt-in)
 };
 
-// Thread = (token, slot): a slot moves vectors j and j + slots of the token's K row and the
-// same of its V row (4 loads in flight), j over [0, heads * head_dim / E). The token's page
-// lookup is done once per thread; with E = 8 and 8 heads x 128 a token takes 64 threads.
-constexpr int kAppendVecsPerThread = 2;
+// Thread = (token, slot): a slot moves vectors j, j + slots, ..., j + (V - 1) slots of the
+// token's K row and the same of its V row (2 V loads in flight, all issued before the page
+// lookup), j over [0, heads * head_dim / E). V = vecs_per_thread (2, 4 or 8). With E = 8,
+// 8 heads x 128 and V = 4 a token is one warp, and 4096 tokens fit one wave of the H200
+// (32 warps per SM at <= 64 registers): every load of the call is in flight at once.
+constexpr int kAppendMaxVecsPerThread = 8;
+constexpr int kAppendDefaultVecsPerThread = 4;
+constexpr int kAppendScalarVecsPerThread = 2;  // the unaligned (element-wise) kernel's V
 constexpr int kAppendThreads = 256;
+
+// Benchmark knobs, read once from the environment (tests may overwrite append_tuning()):
+//   FLASHINFER_APPEND_VPT     = 0 (auto: 4) | 2 | 4 | 8     16-byte vectors of K (and V) per thread
+//   FLASHINFER_APPEND_THREADS = 0 (auto: 256) | 128 | 256 | 512 | 1024   block size
+// Invalid values mean auto.
+struct AppendTuning {
+  int vecs_per_thread = 0;
+  int threads = 0;
+};
+
+// The kernel's __launch_bounds__: 1024 threads (64 registers) up to V = 4, 512 for V = 8
+// (its 16 vectors in flight need more than 64 registers).
+FLASHINFER_HOST_DEVICE constexpr int append_max_threads(int vecs_per_thread) { return vecs_per_thread <= 4 ? 1024 : 512; }
+
+inline bool valid_append_vpt(int v) { return v == 0 || v == 2 || v == 4 || v == 8; }
+inline bool valid_append_threads(int t) { return t == 0 || t == 128 || t == 256 || t == 512 || t == 1024; }
+
+inline AppendTuning append_tuning_from(const char* vpt, const char* threads) {
+  AppendTuning t;
+  const int v = vpt ? std::atoi(vpt) : 0, n = threads ? std::atoi(threads) : 0;
+  t.vecs_per_thread = valid_append_vpt(v) ? v : 0;
+  t.threads = valid_append_threads(n) ? n : 0;
+  return t;
+}
+
+// The process-wide knobs (one instance per module: an inline function's static).
+inline AppendTuning& append_tuning() {
+  static AppendTuning t =
+      append_tuning_from(std::getenv("FLASHINFER_APPEND_VPT"), std::getenv("FLASHINFER_APPEND_THREADS"));
+  return t;
+}
 
 struct AppendLaunch {
   bool vectorized = false;
   int vec_elems = 1;
+  int vecs_per_thread = kAppendScalarVecsPerThread;
   int64_t vecs_per_head = 0;
   int64_t vecs_per_token = 0;
   int64_t slots_per_token = 0;
@@ -179,15 +216,21 @@ struct AppendLaunch {
 };
 
 // vec_elems: elements of a 16-byte vector. aligned16: key/value/cache bases 16-byte aligned
-// and all their strides multiples of vec_elems.
+// and all their strides multiples of vec_elems. The element-wise kernel (not vectorized)
+// always moves kAppendScalarVecsPerThread elements per thread.
 inline AppendLaunch append_launch_config(int64_t nnz, int64_t num_heads, int64_t head_dim, int vec_elems,
-                                         bool aligned16) {
+                                         bool aligned16, const AppendTuning& t = AppendTuning{}) {
   AppendLaunch l;
   l.vectorized = aligned16 && vec_elems > 1 && head_dim % vec_elems == 0;
   l.vec_elems = l.vectorized ? vec_elems : 1;
+  l.vecs_per_thread = !l.vectorized                  ? kAppendScalarVecsPerThread
+                      : valid_append_vpt(t.vecs_per_thread) && t.vecs_per_thread > 0 ? t.vecs_per_thread
+                                                                                    : kAppendDefaultVecsPerThread;
+  l.threads = valid_append_threads(t.threads) && t.threads > 0 ? t.threads : kAppendThreads;
+  if (l.threads > append_max_threads(l.vecs_per_thread)) l.threads = append_max_threads(l.vecs_per_thread);
   l.vecs_per_head = head_dim / l.vec_elems;
   l.vecs_per_token = num_heads * l.vecs_per_head;
-  l.slots_per_token = ceil_div<int64_t>(l.vecs_per_token, kAppendVecsPerThread);
+  l.slots_per_token = ceil_div<int64_t>(l.vecs_per_token, l.vecs_per_thread);
   l.blocks = ceil_div<int64_t>(nnz * l.slots_per_token, l.threads);
   return l;
 }
@@ -201,10 +244,13 @@ Status validate(const AppendPagedKVParams<T, IdType>& p) {
   if (p.nnz == 0 || kv.num_heads == 0 || kv.head_dim == 0) return Status::kSuccess;
   if (!kv.k_data || !kv.v_data || !kv.indptr || (p.num_indices > 0 && !kv.indices)) return Status::kInvalidArgument;
   if (!p.key || !p.value || !p.batch_indices || !p.positions) return Status::kInvalidArgument;
-  const AppendLaunch l = append_launch_config(p.nnz, kv.num_heads, kv.head_dim, 1, false);
+  // the most blocks any tuning launches: element-wise, 128-thread blocks
+  AppendTuning most;
+  most.threads = 128;
+  const AppendLaunch l = append_launch_config(p.nnz, kv.num_heads, kv.head_dim, 1, false, most);
   if (l.blocks > (int64_t{1} << 31) - 1) return Status::kUnsupported;
   // the kernel indexes a token's vectors in 32 bits
-  if (l.vecs_per_token * kAppendVecsPerThread >= (int64_t{1} << 32)) return Status::kUnsupported;
+  if (l.vecs_per_token * kAppendMaxVecsPerThread >= (int64_t{1} << 32)) return Status::kUnsupported;
   return Status::kSuccess;
 }
 

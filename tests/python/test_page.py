@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import flashinfer  # noqa: E402
 import reference_page as ref  # noqa: E402
 from checks import CUDA, grid  # noqa: E402
-from flashinfer import _index_check  # noqa: E402
+from flashinfer import _index_check, _page  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -202,6 +202,37 @@ def test_append_large(page_size):
     old = torch.randint(0, 64, (64,), generator=g).tolist()
     add = torch.randint(1, 128, (64,), generator=g).tolist()
     run_append("single", "HND", page_size, 8, 128, torch.bfloat16, old_lens=old, add_lens=add)
+
+
+# (vecs_per_thread, threads) of _page._set_tuning (FLASHINFER_APPEND_VPT / _THREADS): every
+# compiled kernel (V = 2 / 4 / 8) and block sizes that put several tokens, or a token's
+# slots across two blocks, in one block.
+APPEND_TUNINGS = {"auto": (0, 0), "v2": (2, 256), "v4-t128": (4, 128), "v4-t1024": (4, 1024),
+                  "v8": (8, 512), "v8-t128": (8, 128)}
+
+
+@pytest.fixture(params=list(APPEND_TUNINGS))
+def append_tuning(request):
+    saved = _page._tuning()
+    _page._set_tuning(*APPEND_TUNINGS[request.param])
+    yield request.param
+    _page._set_tuning(*saved)
+
+
+@pytest.mark.parametrize("layout, heads, head_dim, dtype, style",
+                         [("NHD", 8, 128, torch.bfloat16, "contiguous"),   # V = 4: one warp per token
+                          ("HND", 8, 128, torch.bfloat16, "strided"),
+                          ("NHD", 3, 64, torch.float16, "contiguous"),     # 24 vectors: slots not a warp
+                          ("HND", 1, 256, torch.bfloat16, "contiguous"),
+                          ("NHD", 5, 128, torch.float16, "misaligned"),    # the element-wise kernel
+                          *[("NHD", 3, 128, dt, "contiguous") for dt in FP8]])  # 16-element vectors
+def test_append_tunings(append_tuning, layout, heads, head_dim, dtype, style):
+    """Every vectors-per-thread / block-size setting writes exactly the appended rows."""
+    g = torch.Generator().manual_seed(heads * 1000 + head_dim)
+    old = torch.randint(0, 40, (37,), generator=g).tolist()
+    add = torch.randint(0, 30, (37,), generator=g).tolist()
+    run_append("tuple", layout, 16 if heads != 3 else 5, heads, head_dim, dtype, style=style,
+               old_lens=old, add_lens=add)
 
 
 def test_append_nothing():

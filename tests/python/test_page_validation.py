@@ -231,3 +231,41 @@ def test_get_seq_lens_on_cpu():
     assert got.tolist() == ref.seq_lens(indptr, last, 16) == [45, 8, 0, 22]
     want = torch.clamp(indptr[1:] - indptr[:-1] - 1, min=0) * 16 + last  # FlashInfer's formula
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+# --- the FLASHINFER_APPEND_VPT / FLASHINFER_APPEND_THREADS knobs ------------------------------
+
+_APPEND_PROBE = "from flashinfer import _page; print(_page._tuning())"
+
+
+def _append_probe(env):
+    import os
+    import subprocess
+    import sys
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_APPEND_")}
+    full.update(env)
+    r = subprocess.run([sys.executable, "-c", _APPEND_PROBE], env=full, capture_output=True, text=True, check=True)
+    return r.stdout.strip()
+
+
+def test_append_tuning_from_environment():
+    """Read once at start-up; invalid values mean auto (0)."""
+    assert _append_probe({}) == "(0, 0)"
+    assert _append_probe({"FLASHINFER_APPEND_VPT": "8", "FLASHINFER_APPEND_THREADS": "512"}) == "(8, 512)"
+    assert _append_probe({"FLASHINFER_APPEND_VPT": "3", "FLASHINFER_APPEND_THREADS": "96"}) == "(0, 0)"
+
+
+def test_append_set_tuning_round_trip():
+    from flashinfer import _page
+    saved = _page._tuning()
+    try:
+        _page._set_tuning(8, 128)
+        assert _page._tuning() == (8, 128)
+        with pytest.raises(ValueError, match=re.escape("vecs_per_thread must be 0 (auto), 2, 4 or 8; got 3")):
+            _page._set_tuning(3, 0)
+        with pytest.raises(ValueError, match=re.escape("threads must be 0 (auto), 128, 256, 512 or 1024; got 96")):
+            _page._set_tuning(0, 96)
+        assert _page._tuning() == (8, 128), "a rejected call must not change the tuning"
+    finally:
+        _page._set_tuning(*saved)
+    assert _page._tuning() == saved

@@ -201,31 +201,76 @@ void test_entry_positions() {
 }
 
 void test_launch_config() {
-  for (int64_t nnz : {1, 7, 64, 4096, 65536}) {
-    for (int64_t heads : {1, 8, 32}) {
-      for (int64_t dim : {64, 128, 256, 100, 3}) {
-        for (bool aligned : {false, true}) {
-          const AppendLaunch l = append_launch_config(nnz, heads, dim, 8, aligned);
-          CHECK(l.vectorized == (aligned && dim % 8 == 0));
-          CHECK(l.vecs_per_head * l.vec_elems == dim);
-          CHECK(l.vecs_per_token == heads * l.vecs_per_head);
-          CHECK(l.slots_per_token * paged_kv::kAppendVecsPerThread >= l.vecs_per_token);
-          CHECK((l.slots_per_token - 1) * paged_kv::kAppendVecsPerThread < l.vecs_per_token);
-          CHECK(l.blocks * l.threads >= nnz * l.slots_per_token);
-          CHECK((l.blocks - 1) * l.threads < nnz * l.slots_per_token);
+  paged_kv::AppendTuning tunings[6];
+  tunings[1].vecs_per_thread = 2;
+  tunings[2].vecs_per_thread = 8;
+  tunings[2].threads = 128;
+  tunings[3].vecs_per_thread = 4;
+  tunings[3].threads = 1024;
+  tunings[4].vecs_per_thread = 3;  // invalid: auto
+  tunings[4].threads = 96;         // invalid: auto
+  tunings[5] = paged_kv::append_tuning_from("8", "512");
+  for (const paged_kv::AppendTuning& t : tunings) {
+    for (int64_t nnz : {1, 7, 64, 4096, 65536}) {
+      for (int64_t heads : {1, 8, 32}) {
+        for (int64_t dim : {64, 128, 256, 100, 3}) {
+          for (bool aligned : {false, true}) {
+            const AppendLaunch l = append_launch_config(nnz, heads, dim, 8, aligned, t);
+            const int v = l.vecs_per_thread;
+            CHECK(l.vectorized == (aligned && dim % 8 == 0));
+            CHECK(v == 2 || v == 4 || v == 8);
+            if (!l.vectorized) CHECK(v == paged_kv::kAppendScalarVecsPerThread);
+            if (l.vectorized) CHECK(v == (t.vecs_per_thread == 0 || t.vecs_per_thread == 3
+                                              ? paged_kv::kAppendDefaultVecsPerThread
+                                              : t.vecs_per_thread));
+            const int want_threads = t.threads == 0 || t.threads == 96 ? paged_kv::kAppendThreads : t.threads;
+            CHECK(l.threads == (want_threads < paged_kv::append_max_threads(v) ? want_threads
+                                                                               : paged_kv::append_max_threads(v)));
+            CHECK(l.vecs_per_head * l.vec_elems == dim);
+            CHECK(l.vecs_per_token == heads * l.vecs_per_head);
+            CHECK(l.slots_per_token * v >= l.vecs_per_token);
+            CHECK((l.slots_per_token - 1) * v < l.vecs_per_token);
+            CHECK(l.blocks * l.threads >= nnz * l.slots_per_token);
+            CHECK((l.blocks - 1) * l.threads < nnz * l.slots_per_token);
+          }
         }
       }
     }
   }
-  // slot s moves vectors s and s + slots: every vector of a token exactly once
-  const AppendLaunch l = append_launch_config(1, 3, 40, 8, true);  // 15 vectors, 8 slots
-  std::vector<int> hits(l.vecs_per_token, 0);
-  for (int64_t s = 0; s < l.slots_per_token; ++s)
-    for (int m = 0; m < paged_kv::kAppendVecsPerThread; ++m) {
-      const int64_t j = s + m * l.slots_per_token;
-      if (j < l.vecs_per_token) ++hits[j];
+  // the default: 8 heads x 128 in 16-byte vectors is one warp per token
+  {
+    const AppendLaunch l = append_launch_config(4096, 8, 128, 8, true);
+    CHECK(l.vecs_per_thread == 4 && l.slots_per_token == 32 && l.threads == 256 && l.blocks == 512);
+  }
+  // env parsing: invalid values mean auto
+  {
+    const paged_kv::AppendTuning a = paged_kv::append_tuning_from(nullptr, nullptr);
+    CHECK(a.vecs_per_thread == 0 && a.threads == 0);
+    const paged_kv::AppendTuning b = paged_kv::append_tuning_from("16", "64");
+    CHECK(b.vecs_per_thread == 0 && b.threads == 0);
+    const paged_kv::AppendTuning c = paged_kv::append_tuning_from("2", "1024");
+    CHECK(c.vecs_per_thread == 2 && c.threads == 1024);
+    CHECK(append_launch_config(4096, 8, 128, 8, true, c).threads == 1024);
+    const paged_kv::AppendTuning d = paged_kv::append_tuning_from("8", "1024");  // V = 8: 512 at most
+    CHECK(append_launch_config(4096, 8, 128, 8, true, d).threads == 512);
+  }
+  // slot s moves vectors s, s + slots, ...: every vector of a token exactly once
+  for (int v : {2, 4, 8}) {
+    paged_kv::AppendTuning t;
+    t.vecs_per_thread = v;
+    for (int64_t heads : {1, 3, 8}) {
+      for (int64_t dim : {40, 64, 128, 256}) {
+        const AppendLaunch l = append_launch_config(1, heads, dim, 8, true, t);  // e.g. 3 x 40: 15 vectors
+        std::vector<int> hits(l.vecs_per_token, 0);
+        for (int64_t s = 0; s < l.slots_per_token; ++s)
+          for (int m = 0; m < l.vecs_per_thread; ++m) {
+            const int64_t j = s + m * l.slots_per_token;
+            if (j < l.vecs_per_token) ++hits[j];
+          }
+        for (int h : hits) CHECK(h == 1);
+      }
     }
-  for (int h : hits) CHECK(h == 1);
+  }
 }
 
 void test_validate() {
