@@ -144,6 +144,16 @@ def test_cpasync_copy_engine():
     assert " passed" in r.stdout and "failed" not in r.stdout
 
 
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_cuda_core_keys_per_stage(group, page_size):
+    """The CUDA-core kernel's stage edges: lengths around multiples of its stage (32 or 64 keys for
+    head_dim 128) and of the page size, per q-head bucket, with LSE."""
+    lens = [1, 31, 32, 33, 63, 64, 65, 95, 97, 200, 0, 129]
+    o, lse, q, kv = run_batch(lens, page_size, 8 * group, 8, 128, torch.bfloat16, "NHD")
+    check_batch(o, lse, q, kv, "NHD")
+
+
 @pytest.mark.parametrize("form", ["5d", "tuple"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_cache_forms_agree(form, layout):

@@ -57,12 +57,10 @@ struct DecodeParams {
   }
 };
 
-// CTA shape of the decode kernel for head_dim D: tx = D / 8 threads own a key's 16-byte
-// vectors, ty = 128 / tx keys are processed side by side; a stage holds one key vector and
-// one value vector per thread.
+// CTA shape of the decode kernels: 128 threads; on CUDA cores tx = D / 8 threads own a key's
+// 16-byte vectors and ty = 128 / tx key groups work side by side (decode_cc.cuh).
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMaxGroup = 8;  // q heads per CTA (larger groups split into sub-groups)
-constexpr int64_t kDecodeStageBytes = int64_t{kDecodeThreads} * 2 * 16;
 
 // The per-CTA q-head bucket a group size compiles to: 1, 2, 4 or 8.
 inline int decode_group_bucket(int group_size) {

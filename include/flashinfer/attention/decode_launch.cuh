@@ -1,4 +1,4 @@
-// Launch shapes and dispatch of the decode kernels (CUDA-core in decode.cuh, tensor-core in
+// Launch shapes and dispatch of the decode kernels (CUDA-core in decode_cc.cuh, tensor-core in
 // decode_tc.cuh): persistent grid size, pipeline depth and shared memory per device, and the
 // head_dim / q-head-bucket / path dispatch the bindings instantiate.
 #pragma once
@@ -12,6 +12,7 @@
 #include "../occupancy.h"
 #include "../utils.cuh"
 #include "decode.cuh"
+#include "decode_cc.cuh"
 #include "decode_tc.cuh"
 
 namespace flashinfer {
@@ -112,7 +113,8 @@ cudaError_t decode_shape_for(bool tc, bool bulk, DecodeLaunch* l) {
           decode_tc_stage_bytes(kHeadDim, false), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
     }
   }
-  return decode_launch_shape<DecodeKernel<T, kHeadDim, kG>>(kDecodeStageBytes, decode_merge_smem(kHeadDim), l);
+  return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG>>(
+      decode_cc_stage_bytes(kHeadDim, kG), decode_merge_smem(kHeadDim), l, decode_cc_stages(kG));
 }
 
 template <typename T, int kHeadDim, int kG>
@@ -142,7 +144,7 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     }
   }
   if (!launched) {
-    FLASHINFER_CUDA_TRY(launch(DecodeKernel<T, kHeadDim, kG>, dim3(static_cast<unsigned>(grid)),
+    FLASHINFER_CUDA_TRY(launch(DecodeCCKernel<T, kHeadDim, kG>, dim3(static_cast<unsigned>(grid)),
                                dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
   }
   if (!launch_merge) return cudaSuccess;

@@ -1,0 +1,329 @@
+// CUDA-core decode kernel (use_tensor_cores=False): several keys per thread group per stage. A CTA's 128 threads
+// form kTy = 128 / kTx groups of kTx = D / 8 lanes (a lane owns 8 features of a key); each
+// group takes kKeys consecutive keys of every stage, so a stage holds kKeys * kTy keys
+// (kKeys * 4 KiB of K and V) copied by 2 * kKeys cp.async per thread. Per stage a lane forms
+// kKeys x kG partial dot products and reduces them across its group with a transpose-reduce
+// (reduce-scatter butterfly: N values over L lanes cost ~N shuffles instead of N log2 L),
+// finishes the scores it owns (soft cap, ALiBi, masks) and publishes them in a small per-stage
+// scratch; every lane reads the group's kKeys x kG scores back for the online softmax's max per
+// head (one max and at most one rescale of o per head and stage), the owners turn their scores
+// into probabilities (one exp2 per score), publish them, and every lane accumulates
+// o[g][8] += p * v. The end of an item (detail::write_merged, merge_if_last) is shared with the
+// tensor-core kernel. H200 (bf16, 32/8 x 128, page 16; 1x32k / 16x4k / 64x2k / 256x1k / 128x8k):
+// 75 / 113 / 196 / 383 / 1427 us, 2.5x the previous one-key-per-group kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "decode.cuh"
+
+namespace flashinfer {
+namespace attention {
+
+// Keys per thread group and stage: 8 for one q head (little work per key), else 4.
+FLASHINFER_HOST_DEVICE constexpr int decode_cc_keys(int kG) { return kG == 1 ? 8 : 4; }
+
+// Per-stage bytes: K and V slots (kKeys 16-byte vectors each per thread) plus the group
+// scratch for scores and probabilities (kTy groups x 2 x kKeys * kG floats).
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_cc_stage_bytes(int head_dim, int kG) {
+  return int64_t{2} * decode_cc_keys(kG) * kDecodeThreads * 16 +
+         int64_t{kDecodeThreads / (head_dim / 8)} * decode_cc_keys(kG) * kG * 8;
+}
+
+// Pipeline depth (FLASHINFER_DECODE_STAGES overrides it). Stages are 16-33 KiB; two beat three
+// (and four for kG 8) by 1-6% in every H200 case measured (more CTAs resident per SM).
+constexpr int decode_cc_stages(int) { return 2; }
+
+namespace detail {
+
+// Transpose-reduce of v[kN] across the kOff * 2 lanes of a group: after it, v[0 .. R) with
+// R = max(1, kN / kL) hold complete sums; lane x owns indices x * R + r when kN >= kL, else
+// index x / (kL / kN) (several lanes then hold the same sum). At each step the lane whose
+// offset bit is set keeps the upper half and receives its partner's upper half.
+template <int kN, int kOff>
+FLASHINFER_DEVICE void xreduce(float* v, int tx) {
+  if constexpr (kOff > 0) {
+    if constexpr (kN > 1) {
+      constexpr int kH = kN / 2;
+      const bool upper = (tx & kOff) != 0;
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kH; ++i) {
+        const float send = upper ? v[i] : v[i + kH];
+        const float keep = upper ? v[i + kH] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOff);
+      }
+      xreduce<kH, kOff / 2>(v, tx);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kOff);
+      xreduce<1, kOff / 2>(v, tx);
+    }
+  }
+}
+
+}  // namespace detail
+
+// Dynamic shared memory: max(stages * decode_cc_stage_bytes(kHeadDim, kG),
+// decode_merge_smem(kHeadDim)); stages >= 2. Registers: <= 128 for kG <= 4 (4 CTAs per SM);
+// kG 8 holds 128 floats of q and o alone (2 CTAs per SM).
+template <typename T, int kHeadDim, int kG>
+__global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
+    DecodeCCKernel(const DecodeParams<T> p, const int stages) {
+  constexpr int kTx = kHeadDim / 8;
+  constexpr int kTy = kDecodeThreads / kTx;
+  constexpr int kKeys = decode_cc_keys(kG);
+  constexpr int kStageKeys = kKeys * kTy;
+  constexpr int kN = kKeys * kG;                 // scores per group and stage
+  constexpr int kR = kN >= kTx ? kN / kTx : 1;   // scores a lane owns after the reduce
+  constexpr int kShare = kN >= kTx ? 1 : kTx / kN;  // lanes holding the same score
+  constexpr int kSlotVecs = kKeys * kDecodeThreads;  // uint4 per K (or V) part of a stage
+  constexpr int kStageVecs = 2 * kSlotVecs + kTy * kN / 2;
+  static_assert(kN % 4 == 0, "scores are read back as float4");
+  static_assert(decode_cc_stage_bytes(kHeadDim, kG) == int64_t{kStageVecs} * 16, "stage layout");
+  extern __shared__ uint4 smem[];
+  const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
+  const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;
+  const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
+  const bool soft_cap = p.soft_cap > 0.f;
+  const float q_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
+  const float cap_log2 = p.soft_cap * detail::kLog2e;
+  float inv_freq[8];
+  if (rope) {
+    const RopeFreq f{double(p.rope_theta), double(p.rope_scale)};
+    FLASHINFER_UNROLL
+    for (int e = 0; e < 8; ++e) inv_freq[e] = rope_inv_freq(f, (tx % (kTx / 2)) * 8 + e, kHeadDim);
+  }
+  // The scores this lane owns: index i = j * kG + g (key j of the group's kKeys, head g).
+  const int own0 = kN >= kTx ? tx * kR : tx / kShare;
+  const bool paged = p.contiguous_len < 0;
+  // Contiguous keys: one "page" holding every position (the cursor then never wraps).
+  const int32_t page_size = paged ? static_cast<int32_t>(p.kv.page_size) : 0x7fffffff;
+
+  pdl_wait();
+  const int64_t n_items = detail::num_items(p);
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const detail::Item it = detail::get_item(p, item);
+    const int64_t b = it.request, kv_len = it.kv_len, lo = it.lo, hi = it.hi;
+    const int kv_head = it.kv_head, qh0 = it.qh0, ng = min(kG, it.ng);
+    const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kStageKeys) : 0;
+
+    float q[kG][8];
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g) {
+      Vec<T, 8> qv;
+      if (g < ng) {
+        qv.load(p.q + b * p.q_stride_n + int64_t{qh0 + g} * p.q_stride_h + tx * 8);
+        qv.to_float(q[g]);
+      } else {
+        FLASHINFER_UNROLL
+        for (int e = 0; e < 8; ++e) q[g][e] = 0.f;
+      }
+      if (rope) detail::rope_rotate<kTx>(q[g], inv_freq, tx, kv_len - 1);
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) q[g][e] *= q_scale;
+    }
+    // Per owned score: its head, whether that head is used (padded heads score -inf), and its
+    // ALiBi slope (log2 units).
+    float own_slope[kR];
+    bool own_head_ok[kR];
+    int own_g[kR];
+    FLASHINFER_UNROLL
+    for (int r = 0; r < kR; ++r) {
+      const int g = (own0 + r) % kG;
+      own_g[r] = g;
+      own_head_ok[r] = g < ng;
+      own_slope[r] = alibi ? detail::alibi_slope(qh0 + g, p.num_qo_heads) * detail::kLog2e : 0.f;
+    }
+
+    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + tx * 8;
+    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * 8;
+    const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
+    // Walks this group's first key of each stage, lo + ty * kKeys + tile * kStageKeys; the
+    // fetch of a tile (its page ids and first entry) is taken one iteration before its copy.
+    PageCursor cur(static_cast<int32_t>(lo + ty * kKeys), page_size, kStageKeys);
+    struct Fetch {
+      int32_t page[kKeys];
+      int32_t entry0;
+    };
+    int64_t fetched = 0;  // the tile the cursor stands on
+    auto fetch = [&]() -> Fetch {
+      Fetch f;
+      const int64_t t0 = lo + fetched * kStageKeys + ty * kKeys;
+      f.entry0 = cur.entry;
+      int32_t slot = cur.slot, entry = cur.entry;
+      const bool live = paged && fetched < num_tiles;
+      // one page-table load per page the group's keys touch (usually one per stage)
+      int32_t pg = live && t0 < hi ? p.kv.indices[page_base + slot] : 0;
+      FLASHINFER_UNROLL
+      for (int j = 0; j < kKeys; ++j) {
+        if (j > 0 && ++entry >= page_size) {
+          entry = 0, ++slot;
+          pg = live && t0 + j < hi ? p.kv.indices[page_base + slot] : 0;
+        }
+        f.page[j] = pg;
+      }
+      cur.advance();
+      ++fetched;
+      return f;
+    };
+    auto issue = [&](int64_t tile, int s, const Fetch& f) {
+      if (tile < num_tiles) {
+        const int64_t t0 = lo + tile * kStageKeys + ty * kKeys;
+        uint4* ks = smem + s * kStageVecs + threadIdx.x;
+        uint4* vs = ks + kSlotVecs;
+        int32_t entry = f.entry0;
+        int64_t koff = int64_t{f.page[0]} * p.kv.stride_page + int64_t{entry} * p.kv.stride_n;
+        int64_t voff = int64_t{f.page[0]} * p.v_stride_page + int64_t{entry} * p.v_stride_n;
+        FLASHINFER_UNROLL
+        for (int j = 0; j < kKeys; ++j) {
+          if (j > 0) {  // next entry of the page, or entry 0 of the next page
+            if (++entry >= page_size) {
+              entry = 0;
+              koff = int64_t{f.page[j]} * p.kv.stride_page;
+              voff = int64_t{f.page[j]} * p.v_stride_page;
+            } else {
+              koff += p.kv.stride_n;
+              voff += p.v_stride_n;
+            }
+          }
+          const bool ok = t0 + j < hi;
+          cp_async::copy16_or_zero(ks + j * kDecodeThreads, ok ? kbase + koff : kbase, ok);  // zeros past hi
+          cp_async::copy16_or_zero(vs + j * kDecodeThreads, ok ? vbase + voff : vbase, ok);
+        }
+      }
+      cp_async::commit();
+    };
+
+    float m[kG], den[kG], o[kG][8];
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g) {
+      m[g] = neg_inf();
+      den[g] = 0.f;
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+    }
+
+    for (int s = 0; s + 1 < stages; ++s) {
+      const Fetch f = fetch();
+      issue(s, s, f);
+    }
+    Fetch next = fetch();  // tile stages - 1
+    int s_cur = 0;
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, next);
+      next = fetch();  // tile + stages, copied by the next iteration
+      cp_async::wait(stages - 1);
+      const uint4* ks = smem + s_cur * kStageVecs + threadIdx.x;
+      const uint4* vs = ks + kSlotVecs;
+      float* xs = reinterpret_cast<float*>(smem + s_cur * kStageVecs + 2 * kSlotVecs) + ty * kN;  // scores
+      float* xp = xs + kTy * kN;  // probabilities
+      const int64_t t0 = lo + tile * kStageKeys + ty * kKeys;
+
+      // Partial scores x[j * kG + g] over this lane's 8 features.
+      float x[kN];
+      FLASHINFER_UNROLL
+      for (int j = 0; j < kKeys; ++j) {
+        float kf[8];
+        reinterpret_cast<const Vec<T, 8>*>(ks + j * kDecodeThreads)->to_float(kf);
+        if (rope) detail::rope_rotate<kTx>(kf, inv_freq, tx, t0 + j);
+        FLASHINFER_UNROLL
+        for (int g = 0; g < kG; ++g) {
+          float acc = 0.f;
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 8; ++e) acc += q[g][e] * kf[e];
+          x[j * kG + g] = acc;
+        }
+      }
+      detail::xreduce<kN, kTx / 2>(x, tx);
+      // Finish the owned scores and publish them (lanes sharing one write the same value).
+      const bool writer = kShare == 1 || tx % kShare == 0;
+      FLASHINFER_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        const int i = own0 + r;
+        const int64_t t = t0 + i / kG;
+        float sc = x[r];
+        if (soft_cap) sc = cap_log2 * tanhf(sc);
+        sc += own_slope[r] * float(t);  // as the reference: slope * key position
+        if (t >= hi || !own_head_ok[r]) sc = neg_inf();
+        x[r] = sc;
+        if (writer) xs[i] = sc;
+      }
+      __syncwarp();
+      // Every lane of the group: the stage's max per head, and one rescale of o and the
+      // denominator per head when the running max moved (the state is the same in all lanes).
+      {
+        float sa[kN];
+        FLASHINFER_UNROLL
+        for (int i = 0; i < kN; i += 4) {
+          const float4 v4 = *reinterpret_cast<const float4*>(xs + i);
+          sa[i] = v4.x, sa[i + 1] = v4.y, sa[i + 2] = v4.z, sa[i + 3] = v4.w;
+        }
+        FLASHINFER_UNROLL
+        for (int g = 0; g < kG; ++g) {
+          float mx = sa[g];
+          FLASHINFER_UNROLL
+          for (int j = 1; j < kKeys; ++j) mx = fmaxf(mx, sa[j * kG + g]);
+          if (mx > m[g]) {
+            const float scale = exp2f(m[g] - mx);  // 0 on the first finite score
+            den[g] *= scale;
+            FLASHINFER_UNROLL
+            for (int e = 0; e < 8; ++e) o[g][e] *= scale;
+            m[g] = mx;
+          }
+        }
+      }
+      // The probabilities of the owned scores only (one exp2 per score and group, not per
+      // lane), published and read back by every lane for the denominator and o += p v.
+      FLASHINFER_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        float mr = m[0];
+        FLASHINFER_UNROLL
+        for (int g = 1; g < kG; ++g) mr = own_g[r] == g ? m[g] : mr;
+        const float pw = x[r] == neg_inf() ? 0.f : exp2f(x[r] - mr);
+        if (writer) xp[own0 + r] = pw;
+      }
+      __syncwarp();
+      float pa[kN];
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kN; i += 4) {
+        const float4 v4 = *reinterpret_cast<const float4*>(xp + i);
+        pa[i] = v4.x, pa[i + 1] = v4.y, pa[i + 2] = v4.z, pa[i + 3] = v4.w;
+      }
+      FLASHINFER_UNROLL
+      for (int g = 0; g < kG; ++g)
+        FLASHINFER_UNROLL
+        for (int j = 0; j < kKeys; ++j) den[g] += pa[j * kG + g];
+      FLASHINFER_UNROLL
+      for (int j = 0; j < kKeys; ++j) {
+        float vf[8];
+        reinterpret_cast<const Vec<T, 8>*>(vs + j * kDecodeThreads)->to_float(vf);  // zeros past hi
+        FLASHINFER_UNROLL
+        for (int g = 0; g < kG; ++g)
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 8; ++e) o[g][e] += pa[j * kG + g] * vf[e];
+      }
+      s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
+    }
+    cp_async::wait(0);
+    __syncthreads();  // the stage slots become the merge scratch
+
+    float* so = reinterpret_cast<float*>(smem);
+    float* sm = so + kTy * kDecodeMaxGroup * kHeadDim;
+    float* sd = sm + kTy * kDecodeMaxGroup;
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g) {
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 8; ++e) so[(ty * kDecodeMaxGroup + g) * kHeadDim + tx * 8 + e] = o[g][e];
+      if (tx == 0) {
+        sm[ty * kDecodeMaxGroup + g] = m[g];
+        sd[ty * kDecodeMaxGroup + g] = den[g];
+      }
+    }
+    __syncthreads();
+    detail::write_merged<T, kHeadDim, kTy>(p, it, qh0, ng, so, sm, sd);
+    __syncthreads();  // scratch is the next item's stage memory
+  }
+  pdl_launch_dependents();
+}
+
+}  // namespace attention
+}  // namespace flashinfer
