@@ -29,13 +29,13 @@ def main():
         ("generator seed/offset update", gen_update),
         ("2 x _to_dlpack", lambda: (dl(p), dl(out))),
         ("_sampling.sample_probs direct (top-k/top-p)",
-         lambda: _sampling.sample_probs("x", dl(p), dl(out), 8, 50, 0.9, 0.0, 1, 0, -1, s)),
+         lambda: _sampling.sample_probs("x", dl(p), dl(out), 8, None, 50, None, 0.9, None, 0.0, 1, 0, -1, s)),
         ("sampling_from_probs(p)", lambda: fs.sampling_from_probs(p)),
         ("top_p_sampling_from_probs(p, 0.9)", lambda: fs.top_p_sampling_from_probs(p, 0.9)),
         ("min_p_sampling_from_probs(p, 0.1)", lambda: fs.min_p_sampling_from_probs(p, 0.1)),
         ("top_k_sampling_from_probs(p, 50)", lambda: fs.top_k_sampling_from_probs(p, 50)),
         ("top_k_top_p_sampling_from_probs(p, 50, 0.9)", lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9)),
-        ("  ... per-row tensors (general path)", lambda: fs.top_k_top_p_sampling_from_probs(p, k, tp)),
+        ("  ... per-row int32 / float32 tensors", lambda: fs.top_k_top_p_sampling_from_probs(p, k, tp)),
         ("  ... seed=, offset= (general path)", lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=1, offset=0)),
     ]
     print(f"{'host call':<46} {'median us':>9}")

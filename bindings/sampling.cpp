@@ -212,10 +212,11 @@ void sampling(const char* op, MutTensor probs, MutTensor out, OptTensor valid, O
 
 // The common call on a short argument list (what flashinfer.sampling's fast path passes): no
 // indices, valid, per-row tensors, seed tensors or stats. The same checks and launch.
-void sample_probs(const char* op, MutTensor probs, MutTensor out, int filters, int64_t top_k, double top_p,
-                  double min_p, uint64_t seed, uint64_t offset, int cluster, uintptr_t stream) {
-  sampling(op, probs, out, std::nullopt, std::nullopt, std::nullopt, top_k, std::nullopt, top_p, std::nullopt, min_p,
-           filters, std::nullopt, seed, std::nullopt, offset, std::nullopt, cluster, stream, true);
+void sample_probs(const char* op, MutTensor probs, MutTensor out, int filters, OptTensor top_k_arr, int64_t top_k,
+                  OptTensor top_p_arr, double top_p, OptTensor min_p_arr, double min_p, uint64_t seed, uint64_t offset,
+                  int cluster, uintptr_t stream) {
+  sampling(op, probs, out, std::nullopt, std::nullopt, top_k_arr, top_k, top_p_arr, top_p, min_p_arr, min_p, filters,
+           std::nullopt, seed, std::nullopt, offset, std::nullopt, cluster, stream, true);
 }
 
 // kind: 0 top-k renorm (fp32/fp16/bf16), 1 top-p renorm (fp32), 2 top-k logit mask.
@@ -449,8 +450,9 @@ NB_MODULE(_sampling, m) {
   m.def("sampling", &sampling, "op"_a, "probs"_a, "out"_a, "valid"_a.none(), "indices"_a.none(), "top_k_arr"_a.none(),
         "top_k"_a, "top_p_arr"_a.none(), "top_p"_a, "min_p_arr"_a.none(), "min_p"_a, "filters"_a, "seed_arr"_a.none(),
         "seed"_a, "offset_arr"_a.none(), "offset"_a, "stats"_a.none(), "cluster"_a, "stream"_a, "enable_pdl"_a);
-  m.def("sample_probs", &sample_probs, "op"_a, "probs"_a, "out"_a, "filters"_a, "top_k"_a, "top_p"_a, "min_p"_a,
-        "seed"_a, "offset"_a, "cluster"_a, "stream"_a);
+  m.def("sample_probs", &sample_probs, "op"_a, "probs"_a, "out"_a, "filters"_a, "top_k_arr"_a.none(), "top_k"_a,
+        "top_p_arr"_a.none(), "top_p"_a, "min_p_arr"_a.none(), "min_p"_a, "seed"_a, "offset"_a, "cluster"_a,
+        "stream"_a);
   m.def("renorm", &renorm, "op"_a, "kind"_a, "input"_a, "out"_a, "top_k_arr"_a.none(), "top_k"_a,
         "top_p_arr"_a.none(), "top_p"_a, "stream"_a, "enable_pdl"_a);
   m.def("softmax", &softmax, "logits"_a, "out"_a, "temperature_arr"_a.none(), "temperature"_a, "stream"_a,

@@ -52,8 +52,9 @@ FLASHINFER_DEVICE bool sample_row(Src& src, const SamplingParams<IdT>& p, int64_
     Criterion ck;
     ck.top_k = f.top_k;
     ck.max_key = order_key(s.max);
-    const Bracket bk = select_threshold(src, ck, full_bracket(s), true);
-    st = top_k_first_start(ck.max_key, f.top_p, bk);
+    const Bracket bk = select_threshold(src, ck, full_bracket(s), true, false);
+    // (never listed: the search's last aggregate, over the row, holds column bk.col_lo)
+    st = top_k_first_start(ck.max_key, f.top_p, bk, !src.in_list());
     if (!src.list_has_all()) src.unlist();
   } else {
     st = joint_start(s, f);  // (top-k-first without an active k: top-p of the row)
@@ -154,19 +155,19 @@ __global__ void __launch_bounds__(kMaxThreads, 1) RenormKernel(const __grid_cons
     uint32_t lo = mask ? kKeyNegInf : kKeyZero;
     float div = s.total;
     if (!keep_all) {
-      const Bracket bk = select_threshold(src, c, full_bracket(s), false);
+      const Bracket bk = select_threshold(src, c, full_bracket(s), false, false);
       lo = bk.lo;
       div = bk.sum_lo;
     }
     T* out = p.out + row * p.out_stride;
     const bool out_aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0;
-    for (int step = 0; step < L.steps; ++step) {
+    const float t_lo = key_floor(lo);  // keep: key > lo
+    for (int step = 0, i0 = src.elem(0, 0); step < L.steps; ++step, i0 += kSV * L.tile) {
       Raw raw[kSV];
-      FLASHINFER_UNROLL
-      for (int k = 0; k < kSV; ++k) raw[k] = rd.template fetch<false>(src.elem(step, k));
+      rd.template fetch_step<false>(i0, L.tile, raw);
       FLASHINFER_UNROLL
       for (int k = 0; k < kSV; ++k) {
-        const int i = src.elem(step, k);
+        const int i = i0 + k * L.tile;
         if (i >= p.vocab) continue;
         Raw o = raw[k];
         if (!(mask && keep_all)) {  // the mask keeps values bit for bit
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) RenormKernel(const __grid_cons
           raw[k].to_float(f);
           FLASHINFER_UNROLL
           for (int e = 0; e < kVec; ++e) {
-            const bool keep = order_key(f[e]) > lo;
+            const bool keep = f[e] >= t_lo;
             if (mask) {
               if (!keep) o.v[e] = from_float<T>(-INFINITY);
             } else {

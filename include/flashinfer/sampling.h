@@ -4,6 +4,7 @@
 // tests/cpp/host/test_sampling.cpp runs (with exact host sources). Pure C++17.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -47,16 +48,29 @@ FLASHINFER_HOST_DEVICE float bits_to_float(uint32_t b) {
 #endif
 }
 
+// Branch-free, on the bits (exact whatever the float mode: no flush of denormals).
 FLASHINFER_HOST_DEVICE uint32_t order_key(float x) {
-  if (x != x) return kKeyNaN;
-  if (x == 0.f) return kKeyZero;
   const uint32_t b = float_to_bits(x);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  const uint32_t a = b & 0x7FFFFFFFu;  // |x|
+  const uint32_t k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return a > 0x7F800000u ? kKeyNaN : (a == 0u ? kKeyZero : k);
 }
 
 // The number with key k (k in [kKeyNegInf, kKeyPosInf]; NaN outside).
 FLASHINFER_HOST_DEVICE float key_value(uint32_t k) {
   return bits_to_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// The float test of "key above pivot": order_key(x) > piv <=> x >= key_floor(piv), for every
+// float x (NaN included) and every pivot. key_floor(piv) is the smallest number whose key
+// exceeds piv: -inf below key(-inf) (every number), NaN from key(+inf) on (x >= NaN is false
+// for all x: no number), else the number with key piv + 1 (-0 for the key 0x7FFFFFFF that -0
+// would have without canonicalisation, so x >= -0 keeps both zeros). The per-element loops of
+// the kernels compare floats against it; they must not flush denormals (no fast math).
+FLASHINFER_HOST_DEVICE float key_floor(uint32_t piv) {
+  if (piv < kKeyNegInf) return bits_to_float(0xFF800000u);   // -inf
+  if (piv >= kKeyPosInf) return bits_to_float(0x7FC00000u);  // NaN
+  return key_value(piv + 1u);
 }
 
 FLASHINFER_HOST_DEVICE bool is_finite(float x) { return x - x == 0.f; }
@@ -88,7 +102,7 @@ struct RowStats {
   float max = 0.f;    // largest element
   float min = 0.f;    // smallest element above the pivot
   int count = 0;      // elements above the pivot
-  bool has_nan = false;
+  bool has_nan = false;  // (padding included when a kernel pads with NaN: TopK, which ignores it)
 };
 
 // A probability row can be sampled: no NaN, positive finite mass.
@@ -219,8 +233,14 @@ struct Bracket {
   uint32_t lo = 0, hi = kKeyMax;
   int cnt_lo = 0, cnt_hi = 0;  // elements with key > lo / > hi
   float sum_lo = 0.f, sum_hi = 0.f;
+  int col_lo = -1;               // the last aggregate's column whose pivot is lo (-1: none)
+  uint32_t width_before = 0;     // hi - lo before the last search round (0: no round yet)
+  int inside_before = 0;         // cnt_lo - cnt_hi before it
 
   FLASHINFER_HOST_DEVICE bool resolved() const { return hi - lo <= 1u || cnt_lo == cnt_hi; }
+  // One element left in (lo, hi]: it is in the set (nothing else lies between it and hi), so
+  // the kept set {key > lo} is final, though hi is not that element's key.
+  FLASHINFER_HOST_DEVICE bool isolated() const { return cnt_lo - cnt_hi == 1; }
 };
 
 // Four pivots evenly spaced in key space (the bracket narrows at least 5x per pass, so a
@@ -240,8 +260,67 @@ FLASHINFER_HOST_DEVICE void select_pivots(const Bracket& b, uint32_t* piv) {
   }
 }
 
+// Approximate log2 of x > 0, piecewise linear in the float's bits (pivot placement only).
+FLASHINFER_HOST_DEVICE float approx_log2(float x) {
+  const uint32_t b = float_to_bits(x);
+  return static_cast<float>(static_cast<int>(b >> 23) - 127) + static_cast<float>(b & 0x7FFFFFu) * (1.f / 8388608.f);
+}
+
+// Top-k once the bracket is known to narrow: one pivot halving the bracket (the bound), and
+// seven at the keys where a model of the count puts k - 0.5 +- a spread (log2 of the count
+// linear in key between the ends), so one round usually isolates the k-th element: a pivot
+// between it and each neighbour (Bracket::isolated). The spread follows the count's noise
+// (~sqrt of the elements inside), at least half an element. With at most three elements left
+// the model says little: eight pivots split the keys evenly.
+FLASHINFER_HOST_DEVICE void count_pivots(const Bracket& b, int k, uint32_t* piv) {
+  const uint32_t w = b.hi - b.lo;  // >= 2: the bracket is unresolved
+  if (b.cnt_lo - b.cnt_hi <= 3) {  // a few elements, anywhere: split the keys evenly
+    FLASHINFER_HD_UNROLL
+    for (int m = 0; m < kSelectPivots; ++m) {
+      const uint32_t o = static_cast<uint32_t>(uint64_t{w} * static_cast<uint64_t>(m + 1) / (kSelectPivots + 1));
+      piv[m] = b.lo + (o < 1u ? 1u : o);  // (< w)
+    }
+    return;
+  }
+  piv[0] = b.lo + w / 2u;
+  const float fl = approx_log2(static_cast<float>(b.cnt_lo) + 0.5f);
+  const float fh = approx_log2(static_cast<float>(b.cnt_hi) + 0.5f);
+  const float inside = static_cast<float>(b.cnt_lo - b.cnt_hi);
+  float spread = 0.3f * sqrtf(inside);
+  if (!(spread >= 0.5f)) spread = 0.5f;
+  const float lo_t = static_cast<float>(b.cnt_hi) + 0.25f, hi_t = static_cast<float>(b.cnt_lo) - 0.25f;
+  FLASHINFER_HD_UNROLL
+  for (int q = 0; q < kSelectPivots - 1; ++q) {
+    float t = static_cast<float>(k) - 0.5f + static_cast<float>(q - (kSelectPivots - 2) / 2) * spread;
+    t = t < lo_t ? lo_t : (t > hi_t ? hi_t : t);
+    // (the count is cnt_lo at lo and cnt_hi at hi; linear in count if the logs coincide)
+    const float frac = fl > fh ? (fl - approx_log2(t + 0.5f)) / (fl - fh)
+                               : (static_cast<float>(b.cnt_lo) - t) / inside;
+    const float off = frac * static_cast<float>(w);  // (NaN: 1)
+    uint32_t o = off >= 4294967040.f ? 0xFFFFFF00u : (off >= 1.f ? static_cast<uint32_t>(off) : 1u);
+    if (o > w - 1u) o = w - 1u;
+    piv[1 + q] = b.lo + o;
+  }
+}
+
+// The next round's pivots: count_pivots for a top-k search while its rounds pay off (the last
+// one narrowed the keys 5x, as select_pivots' rounds do, or cut the elements inside 4x);
+// select_pivots otherwise: the first round, top-p, ties at the threshold (only key bisection
+// separates them). Every second round at least narrows 5x in key or 4x in count, so the search
+// stays bounded (at most ~2 x (14 + 15) rounds; typically 3-4 for top-k on 128K-wide rows).
+FLASHINFER_HOST_DEVICE void next_pivots(const Bracket& b, const Criterion& c, uint32_t* piv) {
+  const uint32_t w = b.hi - b.lo;
+  const bool narrowed = w <= b.width_before / 5u || b.cnt_lo - b.cnt_hi <= b.inside_before / 4;
+  if (c.top_k > 0 && !c.use_top_p && b.width_before != 0u && narrowed) {
+    count_pivots(b, c.top_k, piv);
+  } else {
+    select_pivots(b, piv);
+  }
+}
+
 FLASHINFER_HOST_DEVICE void select_update(Bracket& b, const Criterion& c, const uint32_t* piv,
                                           const int* cnt, const float* sum, int n) {
+  b.col_lo = -1;  // the aggregate's columns replaced the previous ones
   FLASHINFER_HD_UNROLL
   for (int m = 0; m < n; ++m) {
     const uint32_t k = piv[m];
@@ -254,6 +333,7 @@ FLASHINFER_HOST_DEVICE void select_update(Bracket& b, const Criterion& c, const 
       b.lo = k;
       b.cnt_lo = cnt[m];
       b.sum_lo = sum[m];
+      b.col_lo = m;
     }
   }
 }
@@ -262,14 +342,16 @@ FLASHINFER_HOST_DEVICE void select_update(Bracket& b, const Criterion& c, const 
 // void gather(lo, hi, base_cnt, base_sum): copy the elements with lo < key <= hi to the
 // source's list, after which aggregates are base + list (valid for pivots in [lo, hi]).
 // keep_all_above: gather everything above lo as soon as it fits (the caller samples from it).
+// exact_hi: run until hi is the threshold's own key (hi == lo + 1, what TopKKernel needs);
+// otherwise also stop once one element is left in (lo, hi] (the kept set is the same).
 FLASHINFER_HD_TEMPLATE
 template <class Source>
 FLASHINFER_HOST_DEVICE Bracket select_threshold(Source& src, const Criterion& c, Bracket b,
-                                                bool keep_all_above) {
+                                                bool keep_all_above, bool exact_hi = true) {
   uint32_t piv[kSelectPivots];
   int cnt[kSelectPivots];
   float sum[kSelectPivots];
-  while (!b.resolved()) {
+  while (!b.resolved() && (exact_hi || !b.isolated())) {
     if (!src.in_list()) {
       const int cap = src.list_capacity();
       if (keep_all_above && b.cnt_lo <= cap) {
@@ -278,9 +360,13 @@ FLASHINFER_HOST_DEVICE Bracket select_threshold(Source& src, const Criterion& c,
         src.gather(b.lo, b.hi, b.cnt_hi, b.sum_hi);
       }
     }
-    select_pivots(b, piv);
+    const uint32_t w = b.hi - b.lo;
+    const int inside = b.cnt_lo - b.cnt_hi;
+    next_pivots(b, c, piv);
     src.aggregate(piv, cnt, sum);
     select_update(b, c, piv, cnt, sum, kSelectPivots);
+    b.width_before = w;
+    b.inside_before = inside;
   }
   return b;
 }
@@ -320,7 +406,11 @@ FLASHINFER_HOST_DEVICE SamplingStart joint_start(const RowStats& s, const RowFil
 // Top-p on the top-k-renormalized row, once the top-k threshold search resolved `b`: the
 // candidates are the top-k set {key > b.lo}, and top-p is relative to its mass b.sum_lo.
 // max_key: order_key of the row maximum.
-FLASHINFER_HOST_DEVICE SamplingStart top_k_first_start(uint32_t max_key, float top_p, const Bracket& b) {
+// columns_current: the source's last aggregate was the search's last round over the row (no
+// list), so its column b.col_lo (pivot b.lo) already holds the candidates' mass and the first
+// draw needs no aggregate of its own.
+FLASHINFER_HOST_DEVICE SamplingStart top_k_first_start(uint32_t max_key, float top_p, const Bracket& b,
+                                                       bool columns_current = false) {
   SamplingStart r;
   r.crit.max_key = max_key;
   if (top_p_active(top_p)) {
@@ -330,6 +420,10 @@ FLASHINFER_HOST_DEVICE SamplingStart top_k_first_start(uint32_t max_key, float t
   r.state.low = b.lo;
   r.state.high = max_key;
   r.state.column = -1;
+  if (columns_current && b.col_lo >= 0) {
+    r.state.column = b.col_lo;
+    r.state.mass = b.sum_lo;
+  }
   return r;
 }
 

@@ -11,7 +11,10 @@
 // Exchange safety: slots are written, a cluster barrier passes, then read; a slot is written
 // again only after a later barrier, which no CTA reaches before it finished reading (the
 // aggregate slots alternate between two buffers; one pick is always followed by an aggregate
-// or the kernel's final barrier before the next pick).
+// or the kernel's final barrier before the next pick). Only warp 0, whose thread 0 writes every
+// slot, arrives at these barriers with release semantics (cl::sync_warp0); the other warps'
+// reads of peers' slots have returned their values (stored locally before a __syncthreads)
+// before they arrive, so a later overwrite cannot reach them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +48,25 @@ FLASHINFER_DEVICE void sync() {
 #endif
 }
 
+// A cluster barrier that publishes the shared-memory writes warp 0 made before it (every
+// exchange's writer is thread 0): warp 0 arrives with release semantics, the other warps
+// relaxed. A release arrive is a GPU-scope memory barrier (MEMBAR.ALL.GPU, an L2 round trip)
+// in each warp that executes it; cooperative_groups' sync() makes every warp pay it.
+FLASHINFER_DEVICE void sync_warp0() {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x < 32) {
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+  } else {
+    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+  }
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
+#else
+  __trap();
+#endif
+#endif
+}
+
 // `p` (in this CTA's shared memory) in the shared memory of the cluster's CTA `rank`.
 template <typename T>
 FLASHINFER_DEVICE T* peer(T* p, int rank) {
@@ -55,7 +77,7 @@ FLASHINFER_DEVICE T* peer(T* p, int rank) {
   return p;
 #endif
 }
-#endif  // (an emulator supplies cl::sync and cl::peer)
+#endif  // (an emulator supplies cl::sync, cl::sync_warp0 and cl::peer)
 
 }  // namespace cl
 
@@ -74,6 +96,8 @@ struct ClusterSource {
   FLASHINFER_DEVICE ClusterSlot* ranks() const {
     return reinterpret_cast<ClusterSlot*>(area() + 2 * sizeof(ClusterSlot) + sizeof(ClusterPick));
   }
+  // their fold (warp 0 writes it, every thread reads it)
+  FLASHINFER_DEVICE ClusterSlot* folded() const { return ranks() + kMaxCluster; }
 
   // Publishes this CTA's P columns (and first-pass stats), then folds every rank's in rank order.
   template <int P>
@@ -91,7 +115,7 @@ struct ClusterSource {
         mine->nan = st->has_nan ? 1 : 0;
       }
     }
-    cl::sync();
+    cl::sync_warp0();
     constexpr int kWords = static_cast<int>(sizeof(ClusterSlot) / 16);
     for (int j = static_cast<int>(threadIdx.x); j < size * kWords; j += static_cast<int>(blockDim.x)) {
       const int r = j / kWords, w = j % kWords;
@@ -99,19 +123,21 @@ struct ClusterSource {
       reinterpret_cast<int4*>(ranks() + r)[w] = *src;
     }
     __syncthreads();
+    // Warp 0 folds in rank order, one value per lane (lane m: column m's mass, lane 8 + m its
+    // count, lane 16 the first-pass stats); every thread then reads the fold, a few loads
+    // instead of every rank's slot (16 ranks x 16 values x 8 warps of broadcast loads).
     const ClusterSlot* all = ranks();
-    FLASHINFER_UNROLL
-    for (int m = 0; m < P; ++m) {
-      int c = 0;
+    ClusterSlot* fold = folded();
+    const int l = static_cast<int>(threadIdx.x);
+    if (l < P) {
       float s = 0.f;
-      for (int r = 0; r < size; ++r) {
-        c += all[r].cnt[m];
-        s += all[r].sum[m];
-      }
-      cnt[m] = c;
-      sum[m] = s;
-    }
-    if (st) {
+      for (int r = 0; r < size; ++r) s += all[r].sum[l];
+      fold->sum[l] = s;
+    } else if (l >= kTableCols && l < kTableCols + P) {
+      int c = 0;
+      for (int r = 0; r < size; ++r) c += all[r].cnt[l - kTableCols];
+      fold->cnt[l - kTableCols] = c;
+    } else if (l == 2 * kTableCols && st) {
       float mx = all[0].max, mn = all[0].min;
       int nan = all[0].nan;
       for (int r = 1; r < size; ++r) {
@@ -119,9 +145,20 @@ struct ClusterSource {
         mn = fminf(mn, all[r].min);
         nan |= all[r].nan;
       }
-      st->max = mx;
-      st->min = mn;
-      st->has_nan = nan != 0;
+      fold->max = mx;
+      fold->min = mn;
+      fold->nan = nan;
+    }
+    __syncthreads();
+    FLASHINFER_UNROLL
+    for (int m = 0; m < P; ++m) {
+      cnt[m] = fold->cnt[m];
+      sum[m] = fold->sum[m];
+    }
+    if (st) {
+      st->max = fold->max;
+      st->min = fold->min;
+      st->has_nan = fold->nan != 0;
       st->count = cnt[0];
       st->total = sum[0];
     }
@@ -170,7 +207,7 @@ struct ClusterSource {
         mine->value = p.value;
       }
     }
-    cl::sync();
+    cl::sync_warp0();
     const ClusterPick* src = cl::peer(mine, owner);
     Pick p;
     p.index = src->index;

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) SoftmaxKernel(const __grid_con
         const int i = elem(step, k);
         FLASHINFER_UNROLL
         for (int e = 0; e < 4; ++e) {
-          y[e] = i + e < p.vocab ? scaled(raw[k].v[e]) : -INFINITY;  // (padding is NaN)
+          y[e] = i + e < p.vocab ? scaled(raw[k].v[e]) : -INFINITY;
           vm = fmaxf(vm, y[e]);
         }
         if (vm > m) {

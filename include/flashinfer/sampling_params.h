@@ -236,10 +236,10 @@ struct ClusterPick {
   int pad;
 };
 
-// Exchange area at ScanLayout::off_cluster: two published slots, the pick, and every rank's
-// last slot copied locally (the folds read them in rank order).
+// Exchange area at ScanLayout::off_cluster: two published slots, the pick, every rank's last
+// slot copied locally (the folds read them in rank order), and their fold.
 constexpr int64_t kClusterBytes = 2 * int64_t{sizeof(ClusterSlot)} + int64_t{sizeof(ClusterPick)} +
-                                  kMaxCluster * int64_t{sizeof(ClusterSlot)};
+                                  (kMaxCluster + 1) * int64_t{sizeof(ClusterSlot)};
 
 struct ClusterSplit {
   int size = 1;   // CTAs per row; 1: the one-block kernel
@@ -264,7 +264,7 @@ inline ScanLayout slice_layout(int slice) {
   l.steps_per_chunk = ceil_div(l.steps, kMaxChunks);
   l.chunks = ceil_div(l.steps, l.steps_per_chunk);
   l.list_cap = 0;
-  // Whole tiles: the first pass fills every cached position (padding past the slice is NaN).
+  // Whole tiles: the first pass fills every cached position (padding past the slice is -inf).
   l.cache_elems = static_cast<int>(round_up<int64_t>(slice > 0 ? slice : 1, l.tile));
   const int warps = l.threads / 32;
   const int64_t table = int64_t{l.chunks} * warps * kTableCols * 4;

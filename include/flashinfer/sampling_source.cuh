@@ -17,8 +17,11 @@
 namespace flashinfer {
 namespace sampling {
 
-// One row of T, 16 bytes per thread per tile; NaN past the end (its key is below every pivot,
-// so padding is never counted, gathered or picked).
+// One row of T, 16 bytes per thread per tile; `pad` past the end. -inf (the default) is never
+// >= key_floor(piv) for a pivot piv >= kKeyNegInf, so padding is never counted, gathered or
+// picked, and a NaN in the row is x != x with no index test. A kernel with pivots below
+// kKeyNegInf (TopK: every number counts, -inf too) pads with NaN instead (has_nan then
+// includes the padding).
 template <typename T>
 struct RowReader {
   static constexpr int kVec = 16 / sizeof(T);
@@ -27,6 +30,7 @@ struct RowReader {
   int n = 0;
   int cache_elems = 0;   // elements [0, cache_elems) live in shared memory from offset 0
   bool aligned = false;  // row start 16-byte aligned
+  float pad = -INFINITY;
 
   FLASHINFER_DEVICE static T* cache() { return reinterpret_cast<T*>(blk::sampling_smem + kScratchBytes); }
 
@@ -40,19 +44,49 @@ struct RowReader {
       v.load(row + i);
     } else {
       FLASHINFER_UNROLL
-      for (int e = 0; e < kVec; ++e) v.v[e] = i + e < n ? row[i + e] : from_float<T>(NAN);
+      for (int e = 0; e < kVec; ++e) v.v[e] = i + e < n ? row[i + e] : from_float<T>(pad);
     }
     return v;
   }
+  // One step: the S vectors at i0, i0 + tile, ... (tile: elements per tile). One test for the
+  // whole step on the fast paths (all cached; all past the cache, in range and aligned).
+  template <bool kGlobal, int S>
+  FLASHINFER_DEVICE void fetch_step(int i0, int tile, Raw (&raw)[S]) const {
+    const int last = i0 + (S - 1) * tile;
+    if (!kGlobal && last < cache_elems) {
+      const T* c = cache() + i0;
+      FLASHINFER_UNROLL
+      for (int k = 0; k < S; ++k) raw[k] = *reinterpret_cast<const Raw*>(c + k * tile);
+    } else if (aligned && last + kVec <= n && (kGlobal || i0 >= cache_elems)) {
+      const T* r = row + i0;
+      FLASHINFER_UNROLL
+      for (int k = 0; k < S; ++k) raw[k].load(r + k * tile);
+    } else {
+      FLASHINFER_UNROLL
+      for (int k = 0; k < S; ++k) raw[k] = fetch<kGlobal>(i0 + k * tile);
+    }
+  }
   FLASHINFER_DEVICE void fill(int i, const Raw& v) const {
     if (i < cache_elems) *reinterpret_cast<Raw*>(cache() + i) = v;
+  }
+  template <int S>
+  FLASHINFER_DEVICE void fill_step(int i0, int tile, const Raw (&raw)[S]) const {
+    if (i0 + (S - 1) * tile < cache_elems) {
+      T* c = cache() + i0;
+      FLASHINFER_UNROLL
+      for (int k = 0; k < S; ++k) *reinterpret_cast<Raw*>(c + k * tile) = raw[k];
+    } else if (i0 < cache_elems) {
+      FLASHINFER_UNROLL
+      for (int k = 0; k < S; ++k) fill(i0 + k * tile, raw[k]);
+    }
   }
   FLASHINFER_DEVICE static void to_float(const Raw& v, float (&f)[kVec]) { v.to_float(f); }
   // Element i (< n) as stored.
   FLASHINFER_DEVICE T at(int i) const { return i < cache_elems ? cache()[i] : row[i]; }
 };
 
-// relu(target - draft) of two fp32 rows (speculative resampling); nothing cached.
+// relu(target - draft) of two fp32 rows (speculative resampling); nothing cached; -inf past
+// the end.
 struct DiffReader {
   static constexpr int kVec = 4;
   using Raw = Vec<float, 4>;
@@ -71,11 +105,18 @@ struct DiffReader {
       for (int e = 0; e < kVec; ++e) t.v[e] = fmaxf(t.v[e] - d.v[e], 0.f);
     } else {
       FLASHINFER_UNROLL
-      for (int e = 0; e < kVec; ++e) t.v[e] = i + e < n ? fmaxf(target[i + e] - draft[i + e], 0.f) : NAN;
+      for (int e = 0; e < kVec; ++e) t.v[e] = i + e < n ? fmaxf(target[i + e] - draft[i + e], 0.f) : -INFINITY;
     }
     return t;
   }
+  template <bool kGlobal, int S>
+  FLASHINFER_DEVICE void fetch_step(int i0, int tile, Raw (&raw)[S]) const {
+    FLASHINFER_UNROLL
+    for (int k = 0; k < S; ++k) raw[k] = fetch<kGlobal>(i0 + k * tile);
+  }
   FLASHINFER_DEVICE void fill(int, const Raw&) const {}
+  template <int S>
+  FLASHINFER_DEVICE void fill_step(int, int, const Raw (&)[S]) const {}
   FLASHINFER_DEVICE static void to_float(const Raw& v, float (&f)[kVec]) { v.to_float(f); }
 };
 
@@ -110,51 +151,80 @@ struct GlobalSource {
 
   // Count and mass above each pivot over the whole row; chunk masses into table/csum. kFirst
   // (P == 1): also the row's max, min above the pivot and NaN flag, and fill the cache.
+  // Elements are compared as floats against key_floor of the pivots. Each thread keeps kG
+  // partial counts / masses / extremes per pivot (vector k feeds partial k % kG), so kG
+  // independent add chains per pivot, folded in a fixed order: deterministic. Counts are
+  // floats (a predicated add each; exact: a thread sees far fewer than 2^24 elements).
   template <int P, bool kFirst>
   FLASHINFER_DEVICE void row_pass(const uint32_t (&piv)[P], int (&cnt)[P], float (&sum)[P], RowStats* st) {
+    constexpr int kG0 = P >= 8 ? 1 : 8 / P;
+    constexpr int kG = kG0 < kSV ? kG0 : kSV;
     const int lane = blk::lane(), w = blk::warp(), nw = blk::warps();
-    int c_acc[P];
+    float t[P];
     FLASHINFER_UNROLL
-    for (int m = 0; m < P; ++m) c_acc[m] = 0;
-    float mx = -INFINITY, mn = INFINITY;
+    for (int m = 0; m < P; ++m) t[m] = key_floor(piv[m]);
+    float t_min = t[0];  // (fminf skips a NaN threshold: an empty set)
+    FLASHINFER_UNROLL
+    for (int m = 1; m < P; ++m) t_min = fminf(t_min, t[m]);
+    float c_acc[kG][P];
+    float mx[kG], mn[kG];
     bool nan = false;
-    for (int c = 0; c < L.chunks; ++c) {
-      float s[P];
+    FLASHINFER_UNROLL
+    for (int g = 0; g < kG; ++g) {
       FLASHINFER_UNROLL
-      for (int m = 0; m < P; ++m) s[m] = 0.f;
-      for (int step = c * L.steps_per_chunk; step < step_end(c); ++step) {
-        Raw raw[kSV];
+      for (int m = 0; m < P; ++m) c_acc[g][m] = 0.f;
+      mx[g] = -INFINITY;
+      mn[g] = INFINITY;
+    }
+    const int tile = L.tile;
+    for (int c = 0; c < L.chunks; ++c) {
+      float s[kG][P];
+      FLASHINFER_UNROLL
+      for (int g = 0; g < kG; ++g) {
         FLASHINFER_UNROLL
-        for (int k = 0; k < kSV; ++k) raw[k] = rd.template fetch<kFirst>(elem(step, k));
-        if (kFirst) {
-          FLASHINFER_UNROLL
-          for (int k = 0; k < kSV; ++k) rd.fill(elem(step, k), raw[k]);
-        }
+        for (int m = 0; m < P; ++m) s[g][m] = 0.f;
+      }
+      const int step_e = step_end(c);
+      int i0 = elem(c * L.steps_per_chunk, 0);
+      for (int step = c * L.steps_per_chunk; step < step_e; ++step, i0 += kSV * tile) {
+        Raw raw[kSV];
+        rd.template fetch_step<kFirst>(i0, tile, raw);
+        if (kFirst) rd.fill_step(i0, tile, raw);
         FLASHINFER_UNROLL
         for (int k = 0; k < kSV; ++k) {
+          const int g = k % kG;
           float f[kVec];
           Reader::to_float(raw[k], f);
+          if (!kFirst) {  // later passes: skip a vector with no element in any set (no-op adds)
+            float hi = f[0];
+            FLASHINFER_UNROLL
+            for (int e = 1; e < kVec; ++e) hi = fmaxf(hi, f[e]);
+            if (!(hi >= t_min)) continue;
+          }
           FLASHINFER_UNROLL
           for (int e = 0; e < kVec; ++e) {
             const float x = f[e];
-            const uint32_t key = order_key(x);
             FLASHINFER_UNROLL
             for (int m = 0; m < P; ++m) {
-              const bool gt = key > piv[m];
-              c_acc[m] += gt ? 1 : 0;
-              s[m] += gt ? x : 0.f;
+              if (x >= t[m]) {
+                c_acc[g][m] += 1.f;
+                s[g][m] += x;
+              }
             }
             if (kFirst) {
-              nan |= x != x && elem(step, k) + e < rd.n;  // (padding is NaN)
-              mx = fmaxf(mx, x);
-              if (key > piv[0]) mn = fminf(mn, x);
+              nan |= x != x;  // (padding is -inf)
+              mx[g] = fmaxf(mx[g], x);
+              if (x >= t[0]) mn[g] = fminf(mn[g], x);
             }
           }
         }
       }
       FLASHINFER_UNROLL
       for (int m = 0; m < P; ++m) {
-        const float ws = blk::warp_sum(s[m]);
+        float v = s[0][m];
+        FLASHINFER_UNROLL
+        for (int g = 1; g < kG; ++g) v += s[g][m];
+        const float ws = blk::warp_sum(v);
         if (lane == 0) table()[(c * nw + w) * kTableCols + m] = ws;
       }
     }
@@ -173,12 +243,22 @@ struct GlobalSource {
       for (int c = 0; c < L.chunks; ++c) tot += csum()[c * kTableCols + m];
       sum[m] = tot;
     }
-    blk::sum<P>(c_acc, blk::scratch().i);
     FLASHINFER_UNROLL
-    for (int m = 0; m < P; ++m) cnt[m] = c_acc[m];
+    for (int m = 0; m < P; ++m) {
+      cnt[m] = static_cast<int>(c_acc[0][m]);
+      FLASHINFER_UNROLL
+      for (int g = 1; g < kG; ++g) cnt[m] += static_cast<int>(c_acc[g][m]);
+    }
+    blk::sum<P>(cnt, blk::scratch().i);
     if (kFirst) {
-      st->max = blk::max(mx);
-      st->min = blk::min(mn);
+      float tmx = mx[0], tmn = mn[0];
+      FLASHINFER_UNROLL
+      for (int g = 1; g < kG; ++g) {
+        tmx = fmaxf(tmx, mx[g]);
+        tmn = fminf(tmn, mn[g]);
+      }
+      st->max = blk::max(tmx);
+      st->min = blk::min(tmn);
       st->has_nan = blk::max(nan ? 1 : 0) != 0;
       st->count = cnt[0];
       st->total = sum[0];
@@ -212,19 +292,21 @@ struct GlobalSource {
     }
     int b, e;
     list_span(&b, &e);
+    float t[P];
     FLASHINFER_UNROLL
     for (int m = 0; m < P; ++m) {
+      t[m] = key_floor(piv[m]);
       cnt[m] = 0;
       sum[m] = 0.f;
     }
     for (int j = b; j < e; ++j) {
       const float x = list_val()[j];
-      const uint32_t key = order_key(x);
       FLASHINFER_UNROLL
       for (int m = 0; m < P; ++m) {
-        const bool gt = key > piv[m];
-        cnt[m] += gt ? 1 : 0;
-        sum[m] += gt ? x : 0.f;
+        if (x >= t[m]) {
+          cnt[m] += 1;
+          sum[m] += x;
+        }
       }
     }
     blk::sum<P>(cnt, blk::scratch().i);
@@ -246,35 +328,36 @@ struct GlobalSource {
   // Copies the elements with lo < key <= hi (value, index) to the list, in (step, thread,
   // vector, element) order: a block scan per step places each thread's matches.
   FLASHINFER_DEVICE void gather(uint32_t lo, uint32_t hi, int bc, float bs) {
+    const float t_lo = key_floor(lo), t_hi = key_floor(hi);  // lo < key <= hi
+    auto in = [&](float x) { return x >= t_lo && !(x >= t_hi); };
     int base = 0;
-    for (int step = 0; step < L.steps; ++step) {
+    const int tile = L.tile;
+    for (int step = 0, i0 = elem(0, 0); step < L.steps; ++step, i0 += kSV * tile) {
       Raw raw[kSV];
-      FLASHINFER_UNROLL
-      for (int k = 0; k < kSV; ++k) raw[k] = rd.template fetch<false>(elem(step, k));
-      int mine = 0;
+      rd.template fetch_step<false>(i0, tile, raw);
+      int mine[kSV];
       FLASHINFER_UNROLL
       for (int k = 0; k < kSV; ++k) {
         float f[kVec];
         Reader::to_float(raw[k], f);
+        mine[k] = 0;
         FLASHINFER_UNROLL
-        for (int e = 0; e < kVec; ++e) {
-          const uint32_t key = order_key(f[e]);
-          mine += (key > lo && key <= hi) ? 1 : 0;
-        }
+        for (int e = 0; e < kVec; ++e) mine[k] += in(f[e]) ? 1 : 0;
       }
+      FLASHINFER_UNROLL
+      for (int k = 1; k < kSV; ++k) mine[0] += mine[k];
       int total = 0;
-      int pos = base + blk::exclusive_scan(mine, blk::scratch().i, &total);
+      int pos = base + blk::exclusive_scan(mine[0], blk::scratch().i, &total);
       FLASHINFER_UNROLL
       for (int k = 0; k < kSV; ++k) {
         float f[kVec];
         Reader::to_float(raw[k], f);
         FLASHINFER_UNROLL
         for (int e = 0; e < kVec; ++e) {
-          const uint32_t key = order_key(f[e]);
-          if (key > lo && key <= hi) {
+          if (in(f[e])) {
             if (pos < L.list_cap) {
               list_val()[pos] = f[e];
-              list_idx()[pos] = elem(step, k) + e;
+              list_idx()[pos] = i0 + k * tile + e;
             }
             ++pos;
           }
@@ -321,13 +404,16 @@ struct GlobalSource {
 
   // Within chunk c: the candidate (key > low) where the candidates' running mass exceeds u.
   FLASHINFER_DEVICE Pick resolve(uint32_t low, int c, float u) {
+    const float t_low = key_floor(low);
+    const int tile_n = L.tile;
     float run = 0.f;
     int last = -1;  // this thread's last candidate in the chunk
     float last_x = 0.f;
-    for (int step = c * L.steps_per_chunk; step < step_end(c); ++step) {
+    const int step_e = step_end(c);
+    int i0 = elem(c * L.steps_per_chunk, 0);
+    for (int step = c * L.steps_per_chunk; step < step_e; ++step, i0 += kSV * tile_n) {
       Raw raw[kSV];
-      FLASHINFER_UNROLL
-      for (int k = 0; k < kSV; ++k) raw[k] = rd.template fetch<false>(elem(step, k));
+      rd.template fetch_step<false>(i0, tile_n, raw);
       float s[kSV];
       FLASHINFER_UNROLL
       for (int k = 0; k < kSV; ++k) {
@@ -336,9 +422,9 @@ struct GlobalSource {
         s[k] = 0.f;
         FLASHINFER_UNROLL
         for (int e = 0; e < kVec; ++e) {
-          if (order_key(f[e]) > low) {
+          if (f[e] >= t_low) {
             s[k] += f[e];
-            last = elem(step, k) + e;
+            last = i0 + k * tile_n + e;
             last_x = f[e];
           }
         }
@@ -371,7 +457,7 @@ struct GlobalSource {
       }
       const float excl = blk::exclusive_scan(mine_s, blk::scratch().f, static_cast<float*>(nullptr));
       const float target = u - run;
-      const int i0 = elem(step, hit);
+      const int ih = i0 + hit * tile_n;
       float f[kVec];
       Reader::to_float(mine_raw, f);
       int cand = 0x7fffffff, tile_last = -1;
@@ -379,13 +465,13 @@ struct GlobalSource {
       float acc = excl;
       FLASHINFER_UNROLL
       for (int e = 0; e < kVec; ++e) {
-        if (order_key(f[e]) > low) {
+        if (f[e] >= t_low) {
           acc += f[e];
           if (cand == 0x7fffffff && excl <= target && acc > target) {
-            cand = i0 + e;
+            cand = ih + e;
             cand_x = f[e];
           }
-          tile_last = i0 + e;
+          tile_last = ih + e;
           tile_last_x = f[e];
         }
       }
@@ -400,10 +486,11 @@ struct GlobalSource {
   FLASHINFER_DEVICE Pick list_pick(uint32_t low, float u) {
     int b, e;
     list_span(&b, &e);
+    const float t_low = key_floor(low);
     float s = 0.f;
     int last = -1;
     for (int j = b; j < e; ++j) {
-      if (order_key(list_val()[j]) > low) {
+      if (list_val()[j] >= t_low) {
         s += list_val()[j];
         last = j;
       }
@@ -413,7 +500,7 @@ struct GlobalSource {
     float acc = excl;
     for (int j = b; j < e && cand == 0x7fffffff; ++j) {
       const float x = list_val()[j];
-      if (order_key(x) > low) {
+      if (x >= t_low) {
         acc += x;
         if (excl <= u && acc > u) cand = j;
       }

@@ -17,7 +17,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) TopKKernel(const __grid_consta
                                                              const __grid_constant__ ScanLayout L) {
   pdl_wait();
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const RowReader<T> rd = row_reader(p.in + row * p.in_stride, p.vocab, L);
+    RowReader<T> rd = row_reader(p.in + row * p.in_stride, p.vocab, L);
+    rd.pad = NAN;  // pivots go below key(-inf): -inf counts, padding must not (has_nan unused)
     auto src = make_source(rd, L);
     const RowStats s = src.first_pass(kKeyNaN);  // every number is above NaN's key
     // Selected: every key > tau (c_gt of them) and `need` of the n_eq keys == tau.

@@ -214,7 +214,8 @@ _fast_torch: Optional[_TorchFast] = None
 
 
 def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any, min_p: Any) -> Any:
-    """The common call's result, or None when the call needs the general path."""
+    """The common call's result, or None when the call needs the general path. Parameters:
+    Python numbers, or per-row torch tensors already int32 (top_k) / float32 (top_p, min_p)."""
     t = _fast_torch
     if t is None:
         torch = sys.modules.get("torch")
@@ -223,6 +224,20 @@ def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any,
         t = _set_fast_torch(torch)
     if type(probs) is not t.tensor or probs.dtype is not t.float32:
         return None
+    dl = t.to_dlpack
+    ka = pa = ma = None
+    if type(top_k) is not int:
+        if type(top_k) is not t.tensor or top_k.dtype is not t.int32:
+            return None
+        ka, top_k = dl(top_k), 0
+    if type(top_p) is not float:
+        pa, top_p = _fast_prob(t, top_p)
+        if top_p is None:
+            return None
+    if type(min_p) is not float:
+        ma, min_p = _fast_prob(t, min_p)
+        if min_p is None:
+            return None
     dev = probs.get_device()
     if dev < 0:
         return None
@@ -238,10 +253,19 @@ def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any,
         gen.set_offset(off + (rows * draws + 3) // 4 * 4)  # (as get_seed_and_offset rounds)
     except RuntimeError:  # a generator without offset accessors: through its state
         seed, off = get_seed_and_offset(rows * draws, gen)
-    dl = t.to_dlpack
-    _sampling.sample_probs(op, dl(probs), dl(out), filters, top_k, top_p, min_p, seed, off, _cluster_mode,
-                           t.raw_stream(dev))
+    _sampling.sample_probs(op, dl(probs), dl(out), filters, ka, top_k, pa, top_p, ma, min_p, seed, off,
+                           _cluster_mode, t.raw_stream(dev))
     return out
+
+
+def _fast_prob(t: _TorchFast, x: Any) -> Tuple[Any, Any]:
+    """A non-float probability parameter on the short path: (capsule, 0.0) for a float32 torch
+    tensor, (None, float) for an int, (None, None) for anything the general path must take."""
+    if type(x) is t.tensor and x.dtype is t.float32:
+        return t.to_dlpack(x), 0.0
+    if type(x) is int:
+        return None, float(x)
+    return None, None
 
 
 def _set_fast_torch(torch: Any) -> _TorchFast:
@@ -300,7 +324,7 @@ def top_p_sampling_from_probs(probs: Any, top_p: Union[Any, float], indices: Opt
     r"""Nucleus sampling from ``{i : mass of tokens above p_i < top_p * total}``, renormalized.
     ``top_p``: a float or a ``[R]`` tensor (per distribution row); ``top_p >= 1`` keeps all."""
     if (indices is None and generator is None and seed is None and offset is None and not check_nan
-            and not return_valid and type(top_p) is float):
+            and not return_valid):
         out = _fast("top_p_sampling_from_probs", probs, _TOP_P, _ROUNDS, 0, top_p, 0.0)
         if out is not None:
             return out
@@ -315,7 +339,7 @@ def top_k_sampling_from_probs(probs: Any, top_k: Union[Any, int], indices: Optio
     r"""Top-k sampling from ``{i : #{j : p_j > p_i} < top_k}`` (ties at the k-th value all kept).
     ``top_k``: an int or a ``[R]`` int tensor; ``top_k >= V`` (or ``<= 0``) is plain sampling."""
     if (indices is None and generator is None and seed is None and offset is None and not check_nan
-            and not return_valid and type(top_k) is int):
+            and not return_valid):
         out = _fast("top_k_sampling_from_probs", probs, _TOP_K, _ROUNDS, top_k, 1.0, 0.0)
         if out is not None:
             return out
@@ -329,7 +353,7 @@ def min_p_sampling_from_probs(probs: Any, min_p: Union[Any, float], indices: Opt
                               return_valid: bool = False) -> Any:
     r"""Min-p sampling from ``{i : p_i >= min_p * max_j p_j}``. ``min_p``: a float or a ``[R]`` tensor."""
     if (indices is None and generator is None and seed is None and offset is None and not check_nan
-            and not return_valid and type(min_p) is float):
+            and not return_valid):
         out = _fast("min_p_sampling_from_probs", probs, _MIN_P, 1, 0, 1.0, min_p)
         if out is not None:
             return out
@@ -355,7 +379,7 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Union[Any, int], top_p: U
     into one kernel); ``"joint"``: the intersection of the top-k and top-p sets of ``probs``."""
     filters = _TOP_K_FIRST if filter_apply_order == "top_k_first" else _order_filters(filter_apply_order)
     if (indices is None and generator is None and seed is None and offset is None and not check_nan
-            and not return_valid and type(top_k) is int and type(top_p) is float):
+            and not return_valid):
         out = _fast("top_k_top_p_sampling_from_probs", probs, filters, _ROUNDS, top_k, top_p, 0.0)
         if out is not None:
             return out

@@ -128,6 +128,9 @@ def test_short_python_path_matches_the_general_one(batch):
     vocab = 128256
     p = torch.softmax(torch.randn(batch, vocab, device=CUDA), -1)
     gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    ks = torch.randint(1, 200, (batch,), dtype=torch.int32, device=CUDA)
+    ps = torch.rand(batch, device=CUDA) * 0.5 + 0.4
+    ms = torch.rand(batch, device=CUDA) * 0.2
     calls = [
         (lambda **kw: fs.sampling_from_probs(p, **kw), 1),
         (lambda **kw: fs.top_p_sampling_from_probs(p, 0.9, **kw), 32),
@@ -135,6 +138,12 @@ def test_short_python_path_matches_the_general_one(batch):
         (lambda **kw: fs.min_p_sampling_from_probs(p, 0.1, **kw), 1),
         (lambda **kw: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, **kw), 32),
         (lambda **kw: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint", **kw), 32),
+        # per-row int32 / float32 tensors also take the short path
+        (lambda **kw: fs.top_k_top_p_sampling_from_probs(p, ks, ps, **kw), 32),
+        (lambda **kw: fs.top_k_sampling_from_probs(p, ks, **kw), 32),
+        (lambda **kw: fs.top_p_sampling_from_probs(p, ps, **kw), 32),
+        (lambda **kw: fs.min_p_sampling_from_probs(p, ms, **kw), 1),
+        (lambda **kw: fs.top_p_sampling_from_probs(p, 1, **kw), 32),  # an int top_p
     ]
     for fn, draws in calls:
         seed, off = gen.initial_seed(), gen.get_offset()

@@ -234,13 +234,24 @@ def test_short_path_binding_checks():
     dl = torch._C._to_dlpack
     out = torch.empty(R, dtype=torch.int32)
     with pytest.raises(ValueError, match=ON_CPU):
-        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs()), dl(out), 1, 5, 1.0, 0.0, 1, 0, -1, 0)
-    with pytest.raises(ValueError, match="top_k_sampling_from_probs: probs.dtype must be float32; got float16"):
-        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs(dtype=torch.float16)), dl(out), 1, 5, 1.0, 0.0,
+        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs()), dl(out), 1, None, 5, None, 1.0, None, 0.0,
                                1, 0, -1, 0)
+    with pytest.raises(ValueError, match="top_k_sampling_from_probs: probs.dtype must be float32; got float16"):
+        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs(dtype=torch.float16)), dl(out), 1, None, 5,
+                               None, 1.0, None, 0.0, 1, 0, -1, 0)
     with pytest.raises(ValueError, match=re.escape("out.shape[0] must equal the batch size (4); got 3")):
-        _sampling.sample_probs("sampling_from_probs", dl(probs()), dl(torch.empty(3, dtype=torch.int32)), 0, 0, 1.0,
-                               0.0, 1, 0, -1, 0)
+        _sampling.sample_probs("sampling_from_probs", dl(probs()), dl(torch.empty(3, dtype=torch.int32)), 0, None, 0,
+                               None, 1.0, None, 0.0, 1, 0, -1, 0)
+    # per-row parameters on the short path: the general path's messages
+    with pytest.raises(ValueError, match=LENGTH):
+        _sampling.sample_probs("top_k_sampling_from_probs", dl(probs()), dl(out), 1,
+                               dl(torch.full((3,), 5, dtype=torch.int32)), 0, None, 1.0, None, 0.0, 1, 0, -1, 0)
+    with pytest.raises(ValueError, match=LENGTH):
+        _sampling.sample_probs("top_p_sampling_from_probs", dl(probs()), dl(out), 2, None, 0,
+                               dl(torch.full((3,), 0.5)), 0.0, None, 0.0, 1, 0, -1, 0)
+    with pytest.raises(ValueError, match=LENGTH):
+        _sampling.sample_probs("min_p_sampling_from_probs", dl(probs()), dl(out), 4, None, 0, None, 1.0,
+                               dl(torch.full((3,), 0.5)), 0.0, 1, 0, -1, 0)
 
 
 def test_short_path_is_skipped_off_device_and_cluster_override_restores():

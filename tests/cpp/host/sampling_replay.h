@@ -126,9 +126,9 @@ inline Run sample_row(const std::vector<float>& p, const RowFilter& f, Mode mode
     Criterion ck;
     ck.top_k = f.top_k;
     ck.max_key = order_key(s.max);
-    run.topk = select_threshold(src, ck, full_bracket(s), true);
+    run.topk = select_threshold(src, ck, full_bracket(s), true, false);
     run.used_topk = true;
-    const SamplingStart st = top_k_first_start(order_key(s.max), f.top_p, run.topk);
+    const SamplingStart st = top_k_first_start(order_key(s.max), f.top_p, run.topk, !src.listed);
     const bool all_above = src.listed && src.base_cnt == 0;
     if (!all_above) {
       HostSource row(p);

@@ -5,9 +5,11 @@
 // the exact-threshold search keeps exactly the top-k / top-p set through both gather modes,
 // and the launch layout covers every element.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -190,6 +192,140 @@ void check_select() {
   }
 }
 
+// A HostSource that remembers its last aggregate's pivots (col_lo must name lo's column).
+struct RecordingSource : HostSource {
+  uint32_t last[kSelectPivots] = {};
+  using HostSource::HostSource;
+  template <int P>
+  void aggregate(const uint32_t (&piv)[P], int (&cnt)[P], float (&sum)[P]) {
+    HostSource::aggregate(piv, cnt, sum);
+    for (int m = 0; m < P && m < kSelectPivots; ++m) last[m] = piv[m];
+  }
+};
+
+std::vector<float> softmax_randn(std::mt19937& g, int n, float scale) {
+  std::normal_distribution<float> nd;
+  std::vector<float> lg(size_t(n), 0.f);
+  for (float& x : lg) x = scale * nd(g);
+  const float mx = *std::max_element(lg.begin(), lg.end());
+  std::vector<float> p(static_cast<size_t>(n));
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += (p[size_t(i)] = std::exp(lg[size_t(i)] - mx));
+  for (float& x : p) x = static_cast<float>(x / s);
+  return p;
+}
+
+// The search with exact_hi = false (sampling, renorm) keeps exactly the set exact_hi = true
+// keeps, stopping once one element is left in (lo, hi]; exact_hi = true ends at the k-th
+// largest's own key (TopKKernel). col_lo names the last aggregate's column of pivot lo, and
+// top_k_first_start takes the candidates' mass from it. On the bench's rows (softmax of randn
+// and of 4 * randn, 128256 wide) top-k = 50 takes a few rounds (10-12 with the key/value
+// pivots alone).
+void check_select_rounds() {
+  std::vector<Case> cases = distributions();
+  std::mt19937 g(5);
+  std::vector<float> ties(4000);
+  for (size_t i = 0; i < ties.size(); ++i) ties[i] = static_cast<float>(1 + (i * 7919) % 13);  // 13 values, tied
+  cases.push_back({"many-ties", normalized(ties)});
+  std::vector<float> near(3000);
+  for (size_t i = 0; i < near.size(); ++i) near[i] = 1.f + static_cast<float>(i % 1000) * 1.1920929e-7f;  // adjacent keys
+  cases.push_back({"adjacent-keys", normalized(near)});
+  cases.push_back({"softmax-randn", softmax_randn(g, 20000, 1.f)});
+  cases.push_back({"softmax-4randn", softmax_randn(g, 20000, 4.f)});
+  for (const Case& c : cases) {
+    const RowStats s = first_pass(c.p);
+    std::vector<float> sorted = c.p;
+    std::sort(sorted.rbegin(), sorted.rend());
+    for (int k : {1, 2, 3, 7, 50, 200, 1000, s.count - 1, s.count, s.count + 5}) {
+      if (!top_k_active(k, s.count)) continue;
+      const float kth = sorted[size_t(k - 1)];
+      int want = 0;
+      for (float x : c.p) want += x >= kth && x > 0;
+      for (int cap : {0, 64}) {
+        for (bool exact : {true, false}) {
+          RecordingSource src(c.p, cap);
+          Criterion ck;
+          ck.top_k = k;
+          ck.max_key = order_key(s.max);
+          const Bracket b = select_threshold(src, ck, full_bracket(s), true, exact);
+          int kept = 0;
+          for (float x : c.p) kept += order_key(x) > b.lo;
+          CHECK(kept == want && b.cnt_lo == want);
+          CHECK(b.resolved() || (!exact && b.isolated()));
+          if (exact) CHECK(b.hi == order_key(kth) && b.cnt_lo - b.cnt_hi == want - b.cnt_hi);
+          CHECK(src.passes <= 40);
+          if (b.col_lo >= 0) CHECK(src.passes > 0 && src.last[b.col_lo] == b.lo);
+          if (!src.listed && b.col_lo >= 0) {
+            const SamplingStart st = top_k_first_start(ck.max_key, 0.9f, b, true);
+            CHECK(st.state.column == b.col_lo && st.state.mass == b.sum_lo && st.state.low == b.lo);
+            // the mass the rejection loop's own first aggregate would report, bit for bit
+            uint32_t piv[kRejectPivots];
+            int cnt[kRejectPivots];
+            float sum[kRejectPivots];
+            for (uint32_t& x : piv) x = b.lo;
+            src.aggregate(piv, cnt, sum);
+            CHECK(sum[0] == b.sum_lo && cnt[0] == b.cnt_lo);
+          }
+          CHECK(top_k_first_start(ck.max_key, 0.9f, b, false).state.column == -1);
+        }
+      }
+    }
+  }
+  // The bench's rows: rounds of the top-k = 50 search without a list (the cluster path).
+  for (float scale : {1.f, 4.f}) {
+    int total = 0, worst = 0;
+    const int rows = 6;
+    for (int r = 0; r < rows; ++r) {
+      const std::vector<float> p = softmax_randn(g, 128256, scale);
+      const RowStats s = first_pass(p);
+      HostSource src(p, 0);
+      Criterion ck;
+      ck.top_k = 50;
+      ck.max_key = order_key(s.max);
+      const Bracket b = select_threshold(src, ck, full_bracket(s), true, false);
+      CHECK(b.cnt_lo == 50);
+      total += src.passes;
+      worst = std::max(worst, src.passes);
+    }
+    std::printf("top-k 50 search rounds on softmax(%g * randn), 128256: mean %.2f, max %d\n", scale,
+                double(total) / rows, worst);
+    CHECK(total <= 5 * rows && worst <= 8);
+  }
+  // Pivots lie strictly inside any unresolved bracket, for every count layout.
+  for (uint32_t lo : {kKeyZero, order_key(1e-6f), 0x00000001u}) {
+    for (uint32_t w : {2u, 3u, 9u, 1000u, 0x1000000u, 0xFFFFFFFEu - lo}) {
+      for (int cl : {2, 3, 4, 51, 128256}) {
+        for (int ch : {0, 1, cl - 1}) {
+          if (ch >= cl) continue;
+          for (int k : {ch + 1, (ch + cl + 1) / 2, cl}) {
+            if (k <= ch || k > cl) continue;
+            Bracket b;
+            b.lo = lo;
+            b.hi = lo + w;
+            b.cnt_lo = cl;
+            b.cnt_hi = ch;
+            uint32_t sp[kSelectPivots];
+            count_pivots(b, k, sp);
+            int inside = 0;
+            for (uint32_t x : sp) {
+              CHECK(x > b.lo && x < b.hi);
+              inside += x > b.lo && x < b.hi;
+            }
+            CHECK(inside == kSelectPivots);
+            Criterion c;
+            c.top_k = k;
+            b.width_before = w;  // not narrowing: select_pivots
+            next_pivots(b, c, sp);
+            uint32_t ref[kSelectPivots];
+            select_pivots(b, ref);
+            CHECK(std::equal(sp, sp + kSelectPivots, ref));
+          }
+        }
+      }
+    }
+  }
+}
+
 void check_keys() {
   const float xs[] = {-INFINITY, -3.4e38f, -1.f, -1e-40f, -0.f, 0.f, 1e-45f, 1e-40f, 1e-30f, 0.5f, 1.f, 3.4e38f, INFINITY};
   for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); ++i) {
@@ -223,6 +359,46 @@ void check_keys() {
       }
       CHECK(inside >= 1);
     }
+  }
+}
+
+// The kernels' float test equals the key test: order_key(x) > piv <=> x >= key_floor(piv), for
+// every special float (NaN, both zeros, denormals, FLT_MIN, FLT_MAX, infinities) and random
+// ones against pivots that are their keys, +-1, around the zero and infinity keys, below
+// key(-inf), and random keys. And the -inf padding is in no set of a pivot >= kKeyNegInf.
+void check_key_floor() {
+  std::mt19937 g(11);
+  std::vector<float> xs = {0.f,          -0.f,       1e-45f,     -1e-45f,   FLT_MIN, -FLT_MIN, FLT_MAX, -FLT_MAX,
+                           INFINITY,     -INFINITY,  NAN,        -NAN,      1.f,     -1.f,     0.5f,    3e-39f,
+                           -3e-39f,      FLT_EPSILON, 1e-30f,     -1e30f};
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 300; ++i) xs.push_back(bits_to_float(bits(g)));  // NaNs and denormals included
+  std::vector<uint32_t> pivs = {0u,          1u,          kKeyNegInf - 1u, kKeyNegInf, kKeyNegInf + 1u,
+                                0x7FFFFFFEu, 0x7FFFFFFFu, kKeyZero,        kKeyZero + 1u, kKeyPosInf - 1u,
+                                kKeyPosInf,  kKeyPosInf + 1u, kKeyMax - 1u, kKeyMax};
+  const size_t nx = xs.size();
+  for (size_t i = 0; i < nx; ++i) {
+    const uint32_t k = order_key(xs[i]);
+    for (uint32_t d : {0u, 1u, 0xFFFFFFFFu}) pivs.push_back(k + d);
+  }
+  std::uniform_int_distribution<uint32_t> keys(kKeyNegInf, kKeyMax);
+  for (int i = 0; i < 300; ++i) pivs.push_back(keys(g));
+  int bad = 0;
+  for (uint32_t piv : pivs) {
+    const float t = key_floor(piv);
+    for (float x : xs) bad += (order_key(x) > piv) != (x >= t);
+    if (piv >= kKeyNegInf) CHECK(!(-INFINITY >= t));  // padding never counts
+  }
+  CHECK(bad == 0);
+  CHECK(key_floor(kKeyZero) == 1e-45f && key_floor(0x7FFFFFFFu) == 0.f && key_floor(kKeyNegInf) == -FLT_MAX);
+  CHECK(std::signbit(key_floor(0x7FFFFFFEu)) && key_floor(0x7FFFFFFEu) == 0.f);  // -0: x >= -0 keeps +0 and -0
+  CHECK(key_floor(0u) == -INFINITY && key_floor(kKeyPosInf - 1u) == INFINITY && std::isnan(key_floor(kKeyPosInf)));
+  // order_key is branch-free now: the same keys as the definition.
+  for (float x : xs) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    const uint32_t want = x != x ? kKeyNaN : (x == 0.f ? kKeyZero : ((b & 0x80000000u) ? ~b : (b | 0x80000000u)));
+    CHECK(order_key(x) == want);
   }
 }
 
@@ -291,11 +467,13 @@ void check_cluster_split() {
 
 int main() {
   check_keys();
+  check_key_floor();
   check_layout();
   check_cluster_split();
   check_membership();
   check_large_vocab();
   check_select();
+  check_select_rounds();
   check_distribution();
   return test::finish("test_sampling");
 }
