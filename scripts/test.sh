@@ -30,7 +30,7 @@ echo "   package build: $(( $(date +%s) - t0 )) s"
 echo "== C++ tests (ctest) and the installed-package example"
 B=build/ctest
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PWD/build/prefix" \
-  -DFLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-}" > build/ctest-configure.log
+  -DFLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-}" -DFLASHINFER_BUILD_EMU_TESTS=ON > build/ctest-configure.log
 cmake --build $B -j "$JOBS"
 cmake --install $B > /dev/null
 ARCHS=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' $B/CMakeCache.txt)

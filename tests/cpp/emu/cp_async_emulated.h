@@ -1,0 +1,52 @@
+// cp.async under cuda_emulator.h: flashinfer::cp_async (include/flashinfer/cp_async.cuh) replaced
+// by per-thread queues of committed groups of 16-byte copies. A copy takes the data it reads at
+// issue and lands at the latest legal time, the wait that retires its group, so a slot reused
+// too early shows up. Include after cuda_emulator.h and before any flashinfer header: the real
+// header is compiled first into an unused namespace (its #pragma once then keeps the kernels'
+// "../cp_async.cuh" includes from redefining anything), and flashinfer::cp_async is this one.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }  // (never called)
+#define cp_async cp_async_hardware
+#include "flashinfer/cp_async.cuh"
+#undef cp_async
+
+namespace emu_cp {
+struct Copy {
+  void* dst;
+  unsigned char data[16];
+};
+inline std::vector<std::vector<std::vector<Copy>>> groups(1024);  // [thread][group][copy]
+inline std::vector<std::vector<Copy>> open(1024);                 // [thread][copy], not committed
+inline int64_t copies = 0;
+}  // namespace emu_cp
+
+namespace flashinfer {
+namespace cp_async {
+
+inline void copy16_or_zero(void* smem, const void* gmem, bool valid) {
+  emu_cp::Copy c;
+  c.dst = smem;
+  if (valid) std::memcpy(c.data, gmem, 16); else std::memset(c.data, 0, 16);
+  emu_cp::open[threadIdx.x].push_back(c);
+  ++emu_cp::copies;
+}
+inline void copy16(void* smem, const void* gmem) { copy16_or_zero(smem, gmem, true); }
+inline void commit() {
+  emu_cp::groups[threadIdx.x].push_back(std::move(emu_cp::open[threadIdx.x]));
+  emu_cp::open[threadIdx.x].clear();
+}
+inline void wait(int n) {
+  auto& g = emu_cp::groups[threadIdx.x];
+  if (n > 15) n = 15;
+  while (static_cast<int>(g.size()) > n) {
+    for (const auto& c : g.front()) std::memcpy(c.dst, c.data, 16);
+    g.erase(g.begin());
+  }
+}
+
+}  // namespace cp_async
+}  // namespace flashinfer

@@ -1,0 +1,14 @@
+#!/bin/bash
+# Builds and runs one kernel-emulator test without CMake (CPU only, no GPU; the CMake route is
+# -DFLASHINFER_BUILD_EMU_TESTS=ON and `ctest -L emu`).
+# Usage: tests/cpp/emu/run_emulated.sh decode|sampling|sampling_cluster
+set -e
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+CUDA=${CUDA:-/usr/local/cuda-13.0}
+W=${W:-/tmp/flashinfer-emu}
+NAME=test_${1:?decode, sampling or sampling_cluster}_emulated
+shift
+mkdir -p "$W"
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$ROOT/tests/cpp/emu" -I"$ROOT/include" -I"$ROOT/tests/cpp/host" \
+  -I"$CUDA/include" "$ROOT/tests/cpp/emu/$NAME.cpp" -L"$CUDA/lib64" -lcudart_static -ldl -lrt -pthread -o "$W/$NAME"
+"$W/$NAME"

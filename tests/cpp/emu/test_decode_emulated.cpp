@@ -1,0 +1,299 @@
+// The CUDA-core decode kernel DecodeCCKernel (decode_cc.cuh) run on the CPU by cuda_emulator.h
+// against a float64 reference: head_dim 64/128/256, group sizes 1/2/3/4/8/12 (padded buckets,
+// sub-groups), page sizes 1/5/7/16 and contiguous KV, NHD/HND strides, ragged and empty
+// requests, split items (explicit and implicit) folded by DecodeMergeKernel, RoPE / ALiBi / soft
+// cap / sliding window, LSE, 2, 3 and 4 stages, f16 and bf16. cp.async is emulated by
+// cp_async_emulated.h (copies land at the latest legal time, so a slot reused too early shows
+// up). Not covered: the in-kernel merge (merge_counters; static __shared__ is not emulated).
+// Run: cmake -DFLASHINFER_BUILD_TESTS=ON -DFLASHINFER_BUILD_EMU_TESTS=ON, then `ctest -L emu`,
+// or without CMake tests/cpp/emu/run_emulated.sh decode; ~1 s.
+#include "cuda_emulator.h"
+// (the emulator first)
+#include <algorithm>
+#include <random>
+using std::max;
+using std::min;
+
+#include "cp_async_emulated.h"
+// (cp.async emulated, before any header that uses it)
+#include "flashinfer/attention/decode_cc.cuh"
+
+using namespace flashinfer;
+using namespace flashinfer::attention;
+
+namespace flashinfer {
+namespace attention {
+alignas(16) uint4 smem[256 * 1024 / 16];
+}
+}  // namespace flashinfer
+
+namespace {
+
+using emu::ft;
+using emu::tf;
+
+struct Case {
+  int head_dim, group, num_kv_heads, page_size;  // page_size 0: contiguous (one request)
+  std::vector<int> lens;
+  int chunk;  // > 0: split requests into chunks of this many keys (explicit items)
+  PosEncodingMode pos;
+  float soft_cap;
+  int window_left;
+  bool hnd;
+  int stages;
+  int grid;
+};
+
+int failures = 0;
+
+template <typename T>
+void run_case(const Case& c, uint64_t seed) {
+  const int D = c.head_dim, H = c.group * c.num_kv_heads, KH = c.num_kv_heads;
+  const int B = static_cast<int>(c.lens.size());
+  const bool contiguous = c.page_size == 0;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> U(-1.f, 1.f);
+  // q [B, H, D]
+  std::vector<T> q(size_t(B) * H * D);
+  for (auto& x : q) x = ft<T>(U(rng) * 2.f);
+  // pages: request b has ceil(len / ps) pages, ids permuted
+  const int ps = contiguous ? 1 : c.page_size;
+  std::vector<int32_t> indptr(B + 1, 0), last(B, 0), indices;
+  for (int b = 0; b < B; ++b) {
+    const int np = contiguous ? 0 : (c.lens[b] + ps - 1) / ps;
+    indptr[b + 1] = indptr[b] + np;
+    last[b] = np == 0 ? 0 : c.lens[b] - (np - 1) * ps;
+  }
+  const int total_pages = contiguous ? 1 : indptr[B] + 3;
+  std::vector<int32_t> perm(total_pages);
+  for (int i = 0; i < total_pages; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int i = 0; i < indptr[B]; ++i) indices.push_back(perm[i]);
+  if (indices.empty()) indices.push_back(0);
+  const int entries = contiguous ? c.lens[0] : ps;
+  // K and V: [pages, entries, KH, D] (NHD) or [pages, KH, entries, D] (HND); V in its own buffer
+  const int64_t page_elems = int64_t{entries} * KH * D;
+  std::vector<T> kbuf(size_t(total_pages) * page_elems + 8), vbuf(size_t(total_pages) * page_elems + 8);
+  for (auto& x : kbuf) x = ft<T>(U(rng));
+  for (auto& x : vbuf) x = ft<T>(U(rng));
+  const int64_t s_page = page_elems, s_n = c.hnd ? D : int64_t{KH} * D, s_h = c.hnd ? int64_t{entries} * D : D;
+  auto kat = [&](const std::vector<T>& buf, int b, int t, int kh, int d) -> double {
+    const int64_t page = contiguous ? 0 : indices[indptr[b] + t / ps];
+    const int64_t e = contiguous ? t : t % ps;
+    return tf(buf[page * s_page + e * s_n + kh * s_h + d]);
+  };
+
+  // work items
+  const int sub_groups = (c.group + kDecodeMaxGroup - 1) / kDecodeMaxGroup;
+  const int units = KH * sub_groups;
+  std::vector<DecodeWorkItem> items;
+  std::vector<DecodeMergeInfo> merge(B);
+  int slots = 0;
+  for (int b = 0; b < B; ++b) {
+    const int L = c.lens[b];
+    const int nch = c.chunk > 0 && L > c.chunk ? (L + c.chunk - 1) / c.chunk : 1;
+    merge[b] = {nch > 1 ? slots : 0, nch};
+    for (int ch = 0; ch < nch; ++ch)
+      for (int u = 0; u < units; ++u) {
+        const int lo = nch > 1 ? ch * c.chunk : 0, hi = nch > 1 ? min(L, (ch + 1) * c.chunk) : L;
+        items.push_back({b, u, lo, hi, nch > 1 ? slots + ch : -1});
+      }
+    if (nch > 1) slots += nch;
+  }
+  const int32_t n_items = static_cast<int32_t>(items.size());
+
+  std::vector<T> o(size_t(B) * H * D, ft<T>(123.f));
+  std::vector<float> lse(size_t(B) * H, 123.f);
+  std::vector<float> po(size_t(max(slots, 1)) * H * D, 7.f), plse(size_t(max(slots, 1)) * H, 7.f);
+
+  DecodeParams<T> p{};
+  p.q = q.data();
+  p.q_stride_n = int64_t{H} * D;
+  p.q_stride_h = D;
+  p.kv.k_data = kbuf.data();
+  p.kv.v_data = vbuf.data();
+  p.kv.indptr = indptr.data();
+  p.kv.indices = indices.data();
+  p.kv.last_page_len = last.data();
+  p.kv.batch_size = B;
+  p.kv.page_size = ps;
+  p.kv.num_heads = KH;
+  p.kv.head_dim = D;
+  p.kv.stride_page = s_page;
+  p.kv.stride_n = s_n;
+  p.kv.stride_h = s_h;
+  p.v_stride_page = s_page;
+  p.v_stride_n = s_n;
+  p.v_stride_h = s_h;
+  p.contiguous_len = contiguous ? c.lens[0] : -1;
+  p.seq_lens = nullptr;
+  p.o = o.data();
+  p.o_stride_n = int64_t{H} * D;
+  p.o_stride_h = D;
+  p.lse = lse.data();
+  p.items = items.data();
+  p.num_items = &n_items;
+  p.implicit_chunk = 0;
+  p.implicit_chunks = 0;
+  p.merge = merge.data();
+  if (contiguous && c.chunk > 0) {  // single decode: the implicit uniform split of request 0
+    p.items = nullptr;
+    p.num_items = nullptr;
+    p.implicit_chunk = c.chunk;
+    p.implicit_chunks = (c.lens[0] + c.chunk - 1) / c.chunk;
+    p.merge = nullptr;
+    po.assign(size_t(p.implicit_chunks) * H * D, 7.f);
+    plse.assign(size_t(p.implicit_chunks) * H, 7.f);
+  }
+  p.partial_o = po.data();
+  p.partial_lse = plse.data();
+  p.merge_counters = nullptr;
+  p.batch_size = B;
+  p.num_qo_heads = H;
+  p.num_kv_heads = KH;
+  p.group_size = c.group;
+  p.sub_groups = sub_groups;
+  p.head_dim = D;
+  p.sm_scale = 1.f / std::sqrt(float(D));
+  p.soft_cap = c.soft_cap;
+  p.window_left = c.window_left;
+  p.pos_encoding = c.pos;
+  p.rope_scale = 1.f;
+  p.rope_theta = 1e4f;
+  p.pdl = false;
+  if (validate(p) != Status::kSuccess) {
+    std::printf("validate failed\n");
+    ++failures;
+    return;
+  }
+
+  const int bucket = decode_group_bucket(c.group);
+  auto go = [&](auto hd, auto gb) {
+    constexpr int kD = decltype(hd)::value, kG = decltype(gb)::value;
+    const int64_t smem = max<int64_t>(c.stages * decode_cc_stage_bytes(kD, kG), decode_merge_smem(kD));
+    std::memset(flashinfer::attention::smem, 0xff, sizeof(flashinfer::attention::smem));
+    emu::launch(DecodeCCKernel<T, kD, kG>, unsigned(c.grid), unsigned(kDecodeThreads), size_t(smem), p, c.stages);
+    emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
+  };
+  auto by_g = [&](auto hd) {
+    switch (bucket) {
+      case 1: go(hd, std::integral_constant<int, 1>{}); break;
+      case 2: go(hd, std::integral_constant<int, 2>{}); break;
+      case 4: go(hd, std::integral_constant<int, 4>{}); break;
+      default: go(hd, std::integral_constant<int, 8>{}); break;
+    }
+  };
+  if (D == 64) by_g(std::integral_constant<int, 64>{});
+  if (D == 128) by_g(std::integral_constant<int, 128>{});
+  if (D == 256) by_g(std::integral_constant<int, 256>{});
+
+  // float64 reference
+  const RopeFreq rf{1e4, 1.0};
+  auto rope = [&](std::vector<double>& x, int64_t pos) {
+    std::vector<double> y(D);
+    for (int i = 0; i < D; ++i) {
+      const int fi = i % (D / 2);
+      const double ang = double(float(pos) * rope_inv_freq(rf, fi, D));
+      const double cs = std::cos(ang), sn = std::sin(ang);
+      y[i] = i < D / 2 ? x[i] * cs - x[i + D / 2] * sn : x[i] * cs + x[i - D / 2] * sn;
+    }
+    x = y;
+  };
+  double max_err = 0, max_lse_err = 0;
+  bool bad = false;
+  for (int b = 0; b < B; ++b) {
+    const int L = c.lens[b];
+    for (int h = 0; h < H; ++h) {
+      const int kh = h / c.group;
+      std::vector<double> qd(D);
+      for (int d = 0; d < D; ++d) qd[d] = tf(q[(size_t(b) * H + h) * D + d]);
+      if (c.pos == PosEncodingMode::kRoPELlama) rope(qd, L - 1);
+      int nh = 1;
+      while (nh * 2 <= H) nh *= 2;
+      const double slope = h < nh ? std::exp2(-8.0 * (h + 1) / nh) : std::exp2(-4.0 * (2 * (h - nh) + 1) / nh);
+      std::vector<double> s;
+      std::vector<int> ts;
+      const int lo = c.window_left >= 0 ? max(0, L - 1 - c.window_left) : 0;
+      for (int t = lo; t < L; ++t) {
+        std::vector<double> kd(D);
+        for (int d = 0; d < D; ++d) kd[d] = kat(kbuf, b, t, kh, d);
+        if (c.pos == PosEncodingMode::kRoPELlama) rope(kd, t);
+        double x = 0;
+        for (int d = 0; d < D; ++d) x += qd[d] * kd[d];
+        x *= p.sm_scale;
+        if (c.soft_cap > 0) x = c.soft_cap * std::tanh(x / c.soft_cap);
+        if (c.pos == PosEncodingMode::kALiBi) x += slope * t;  // absolute key position, as reference_attention.py
+        s.push_back(x);
+        ts.push_back(t);
+      }
+      double mx = -INFINITY;
+      for (double x : s) mx = std::max(mx, x);
+      double den = 0;
+      std::vector<double> acc(D, 0.0);
+      for (size_t i = 0; i < s.size(); ++i) {
+        const double w = std::exp(s[i] - mx);
+        den += w;
+        for (int d = 0; d < D; ++d) acc[d] += w * kat(vbuf, b, ts[i], kh, d);
+      }
+      for (int d = 0; d < D; ++d) {
+        const double ref = den > 0 ? acc[d] / den : 0.0;
+        const double got = tf(o[(size_t(b) * H + h) * D + d]);
+        const double err = std::fabs(got - ref);
+        max_err = std::max(max_err, err);
+        if (!(err <= 4e-3 + 8e-3 * std::fabs(ref))) bad = true;
+      }
+      const double ref_lse = den > 0 ? (mx + std::log(den)) / std::log(2.0) : -INFINITY;
+      const float got_lse = lse[size_t(b) * H + h];
+      if (den > 0) {
+        const double e = std::fabs(got_lse - ref_lse);
+        max_lse_err = std::max(max_lse_err, e);
+        if (!(e <= 2e-3 + 1e-4 * std::fabs(ref_lse))) bad = true;
+      } else if (!(std::isinf(got_lse) && got_lse < 0)) {
+        bad = true;
+      }
+    }
+  }
+  std::printf("%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d: "
+              "max|do|=%.2e max|dlse|=%.2e %s\n",
+              sizeof(T) == 2 && std::is_same<T, __half>::value ? "f16" : "bf16", D, c.group, KH,
+              c.page_size, c.lens.size(), c.chunk, int(c.pos), c.soft_cap, c.window_left, c.hnd, c.stages, c.grid,
+              max_err, max_lse_err, bad ? "FAIL" : "ok");
+  std::fflush(stdout);
+  if (bad) ++failures;
+}
+
+}  // namespace
+
+int main() {
+  const PosEncodingMode N = PosEncodingMode::kNone, R = PosEncodingMode::kRoPELlama, A = PosEncodingMode::kALiBi;
+  const std::vector<Case> cases = {
+      // D, group, kvh, page, lens, chunk, pos, cap, window, hnd, stages, grid
+      {128, 4, 2, 16, {37, 1, 100, 0, 64}, 0, N, 0.f, -1, false, 2, 5},
+      {128, 4, 1, 5, {77, 3}, 16, N, 0.f, -1, true, 3, 4},
+      {128, 1, 2, 1, {19, 40}, 0, N, 0.f, -1, false, 2, 3},
+      {128, 8, 1, 16, {130}, 0, N, 0.f, -1, false, 2, 2},
+      {128, 3, 2, 16, {50, 9}, 0, A, 0.f, -1, false, 2, 7},
+      {128, 12, 1, 5, {45}, 20, N, 30.f, -1, false, 3, 3},
+      {128, 4, 1, 16, {90, 33}, 0, R, 0.f, -1, false, 2, 2},
+      {128, 2, 2, 7, {61}, 0, N, 0.f, 20, false, 2, 2},
+      {128, 4, 1, 0, {150}, 40, N, 0.f, -1, false, 2, 4},
+      {128, 4, 1, 0, {150}, 0, R, 0.f, 70, true, 3, 1},
+      {64, 4, 2, 16, {70, 5}, 0, N, 0.f, -1, false, 2, 3},
+      {64, 8, 1, 1, {33}, 10, A, 0.f, -1, true, 2, 2},
+      {64, 1, 1, 5, {66}, 0, R, 0.f, -1, false, 3, 1},
+      {256, 4, 1, 16, {41, 17}, 0, N, 0.f, -1, false, 2, 2},
+      {256, 1, 2, 5, {29}, 12, R, 20.f, -1, false, 2, 3},
+      {256, 8, 1, 16, {35}, 0, N, 0.f, 10, true, 2, 1},
+      {128, 8, 1, 0, {1000}, 96, A, 0.f, -1, false, 3, 5},   // implicit split, ALiBi
+      {64, 2, 1, 0, {333}, 100, R, 0.f, 150, true, 2, 3},    // implicit split, RoPE + window
+      {128, 4, 2, 16, {700, 1, 2, 31}, 0, N, 10.f, -1, false, 4, 3},  // long rows, many stages
+  };
+  uint64_t seed = 1;
+  for (const Case& c : cases) run_case<__half>(c, seed++);
+  // bf16 once per head_dim
+  run_case<__nv_bfloat16>(cases[0], 99);
+  run_case<__nv_bfloat16>(cases[10], 98);
+  run_case<__nv_bfloat16>(cases[13], 97);
+  std::printf(failures ? "FAILED: %d\n" : "all ok\n", failures);
+  return failures ? 1 : 0;
+}
