@@ -179,7 +179,7 @@ FLASHINFER_HOST_DEVICE SampleResult rejection_sample(Source& src, const Criterio
   int cnt[kRejectPivots];
   float sum[kRejectPivots];
   SampleResult r;
-  for (int d = 0;;) {  // d: draws so far. One aggregate call site: the kernel inlines it once.
+  for (int d = 0;;) {  // d: draws so far
     const bool drawn = s.column >= 0;
     if (drawn) {
       const Pick p = src.pick(s.low, s.column, uniform(d) * s.mass);
@@ -193,7 +193,24 @@ FLASHINFER_HOST_DEVICE SampleResult rejection_sample(Source& src, const Criterio
       FLASHINFER_HD_UNROLL
       for (int m = 0; m < kRejectPivots; ++m) piv[m] = s.low;
     }
-    src.aggregate(piv, cnt, sum);
+    // One pivot where one answers the question: the candidates' mass, and the first draw's
+    // check when no top-k bound applies (top-p / min-p: most first draws are accepted, and a
+    // one-pivot pass costs about half a four-pivot one). A rejected draw then only moves low
+    // to its key; every later round splits the bracket with all kRejectPivots pivots.
+    if (!drawn || (d == 1 && c.top_k <= 0)) {
+      const uint32_t one[1] = {piv[0]};
+      int cnt1[1];
+      float sum1[1];
+      src.aggregate(one, cnt1, sum1);
+      FLASHINFER_HD_UNROLL
+      for (int m = 0; m < kRejectPivots; ++m) {
+        piv[m] = one[0];
+        cnt[m] = cnt1[0];
+        sum[m] = sum1[0];
+      }
+    } else {
+      src.aggregate(piv, cnt, sum);
+    }
     if (!drawn) {
       s.column = 0;
       s.mass = sum[0];
