@@ -104,8 +104,9 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t decode_shape_for(bool tc, bool bulk, DecodeLaunch* l) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
-      // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 once the copy
-      // loop is lean (128 x 8192: 1142 vs 1157 us; 64 x 2048: 163 vs 176 us).
+      // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 except for single
+      // long requests (bulk copies, bf16: 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167,
+      // 256 x 1024 303 vs 318; 1 x 32768 56.9 vs 56.2).
       if (bulk)
         return decode_launch_shape<DecodeTCKernel<T, kHeadDim, true>>(
             decode_tc_stage_bytes(kHeadDim, true), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
