@@ -277,19 +277,23 @@ def _set_fast_torch(torch: Any) -> _TorchFast:
 # ---- samplers over probabilities --------------------------------------------------------------
 
 
+def _rows_and_output(fw: Any, x: Any, name: str, check_nan: bool, indices: Any) -> Tuple[Any, int, Any]:
+    """x as float32 (NaN-checked when asked), the batch size and the sampled-index output: one
+    per row of x, or one per entry of ``indices`` in its dtype."""
+    x = _cast(fw, x, "float32")
+    if check_nan:
+        _check_nan(fw, x, f"Input {name} contains NaN.")
+    if indices is not None:
+        return x, _rows(indices), fw.empty_like(indices)
+    batch = _rows(x)
+    return x, batch, _empty(fw, x, (batch,), "int32")
+
+
 def _sample(op: str, probs: Any, indices: Any, generator: Any, check_nan: bool, seed: Any, offset: Any,
             return_valid: bool, filters: int, draws_per_row: int, top_k: Any = None, top_p: Any = None,
             min_p: Any = None, stats: Any = None) -> Any:
     fw = framework_of(probs, "probs")
-    probs = _cast(fw, probs, "float32")
-    if check_nan:
-        _check_nan(fw, probs, "Input probs contains NaN.")
-    if indices is not None:
-        batch = _rows(indices)
-        out = fw.empty_like(indices)
-    else:
-        batch = _rows(probs)
-        out = _empty(fw, probs, (batch,), "int32")
+    probs, batch, out = _rows_and_output(fw, probs, "probs", check_nan, indices)
     valid = _empty(fw, probs, (batch,), "bool") if return_valid else None
     k_arr, k = _param(fw, top_k, "int32", "top_k")
     p_arr, p = _param(fw, top_p, "float32", "top_p")
@@ -414,15 +418,7 @@ def sampling_from_logits(logits: Any, indices: Optional[Any] = None, determinist
     r"""Categorical sampling from ``softmax(logits)`` by Gumbel-max (one pass, no softmax);
     ``-inf`` logits are never drawn. Consumes ``B * V`` random words."""
     fw = framework_of(logits, "logits")
-    logits = _cast(fw, logits, "float32")
-    if check_nan:
-        _check_nan(fw, logits, "Input logits contains NaN.")
-    if indices is not None:
-        batch = _rows(indices)
-        out = fw.empty_like(indices)
-    else:
-        batch = _rows(logits)
-        out = _empty(fw, logits, (batch,), "int32")
+    logits, batch, out = _rows_and_output(fw, logits, "logits", check_nan, indices)
     vocab = int(logits.shape[-1]) if len(logits.shape) else 0
     s_arr, s, o_arr, o = _randomness(fw, logits, generator, batch * vocab, seed, offset, batch)
     _sampling.sampling_from_logits(fw.to_dlpack(logits), fw.to_dlpack(out), _dl(indices, "indices"), s_arr, s, o_arr,

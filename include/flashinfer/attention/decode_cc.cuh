@@ -60,6 +60,17 @@ FLASHINFER_DEVICE void xreduce(float* v, int tx) {
   }
 }
 
+// The group's kN published floats (scores or probabilities) of a stage, 16 bytes at a time.
+template <int kN>
+FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
+  static_assert(kN % 4 == 0, "whole float4s");
+  FLASHINFER_UNROLL
+  for (int i = 0; i < kN; i += 4) {
+    const float4 v4 = *reinterpret_cast<const float4*>(src + i);
+    dst[i] = v4.x, dst[i + 1] = v4.y, dst[i + 2] = v4.z, dst[i + 3] = v4.w;
+  }
+}
+
 }  // namespace detail
 
 // Dynamic shared memory: max(stages * decode_cc_stage_bytes(kHeadDim, kG),
@@ -252,11 +263,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
       // denominator per head when the running max moved (the state is the same in all lanes).
       {
         float sa[kN];
-        FLASHINFER_UNROLL
-        for (int i = 0; i < kN; i += 4) {
-          const float4 v4 = *reinterpret_cast<const float4*>(xs + i);
-          sa[i] = v4.x, sa[i + 1] = v4.y, sa[i + 2] = v4.z, sa[i + 3] = v4.w;
-        }
+        detail::read_group(xs, sa);
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g) {
           float mx = sa[g];
@@ -283,11 +290,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
       }
       __syncwarp();
       float pa[kN];
-      FLASHINFER_UNROLL
-      for (int i = 0; i < kN; i += 4) {
-        const float4 v4 = *reinterpret_cast<const float4*>(xp + i);
-        pa[i] = v4.x, pa[i + 1] = v4.y, pa[i + 2] = v4.z, pa[i + 3] = v4.w;
-      }
+      detail::read_group(xp, pa);
       FLASHINFER_UNROLL
       for (int g = 0; g < kG; ++g)
         FLASHINFER_UNROLL
