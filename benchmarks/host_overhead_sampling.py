@@ -23,7 +23,16 @@ def main():
         seed, off = gen.initial_seed(), gen.get_offset()
         gen.set_offset(off + 32)
 
+    dev = p.device
     rows = [
+        ("p.device", lambda: p.device),
+        ("p.get_device()", lambda: p.get_device()),
+        ("gen.initial_seed()", lambda: gen.initial_seed()),
+        ("gen.get_offset()", lambda: gen.get_offset()),
+        ("gen.set_offset(gen.get_offset())", lambda: gen.set_offset(gen.get_offset())),
+        ("torch.empty((1,), dtype, device=dev) (dev cached)", lambda: torch.empty((1,), dtype=torch.int32, device=dev)),
+        ("torch.empty(1, dtype, device=0)", lambda: torch.empty(1, dtype=torch.int32, device=0)),
+        ("raw stream query", lambda: s and torch._C._cuda_getCurrentRawStream(0)),
         ("p.new_empty((1,), dtype=int32)", lambda: p.new_empty((1,), dtype=torch.int32)),
         ("torch.empty(1, dtype, device=p.device)", lambda: torch.empty(1, dtype=torch.int32, device=p.device)),
         ("generator seed/offset update", gen_update),

@@ -115,7 +115,21 @@ def _act(name: str, torch_act_name: str):
     return build
 
 
+def empty_kernel(torch, args) -> Case:
+    """The floor under every small case: one empty 32-thread kernel timed the same way (flush,
+    events around the call). A kernel can only be as fast as this plus its own memory latency."""
+    from flashinfer import _cuda
+
+    raw = torch._C._cuda_getCurrentRawStream
+
+    def launch():
+        _cuda.launch_empty(raw(torch.cuda.current_device()))
+
+    return Case("empty_kernel", "1x32", "-", launch, None, None, "-")
+
+
 ROUTINES: Dict[str, Callable] = {
+    "empty_kernel": empty_kernel,
     "rmsnorm": rmsnorm,
     "fused_add_rmsnorm": fused_add_rmsnorm,
     "gemma_rmsnorm": gemma_rmsnorm,
