@@ -23,13 +23,6 @@ FLASHINFER_DEVICE void mbarrier_init(uint64_t* bar, int count) {
 #endif
 }
 
-// Ends an mbarrier's life (its memory may then be reused or the barrier initialized again).
-FLASHINFER_DEVICE void mbarrier_inval(uint64_t* bar) {
-#ifdef FLASHINFER_HAS_BULK_COPY
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(cp_async::smem_addr(bar)) : "memory");
-#endif
-}
-
 // Makes mbarrier inits visible to the async proxy (call once after init, before use).
 FLASHINFER_DEVICE void fence_init() {
 #ifdef FLASHINFER_HAS_BULK_COPY

@@ -211,16 +211,6 @@ inline int sampling_cluster_env() {
   return v;
 }
 
-// FLASHINFER_SAMPLING_BULK (read once): 0 turns off the first pass's bulk copies of the cached
-// span (sm_90; on by default); 1 or unset leaves them on.
-inline bool sampling_bulk_env() {
-  static const bool v = [] {
-    const char* e = std::getenv("FLASHINFER_SAMPLING_BULK");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return v;
-}
-
 // The largest cluster the kernel may use on `dev` for this block size and shared memory (asked
 // once per device, size and layout; 1 when the kernel binary is older than sm_90 or the
 // device cannot co-schedule even two such CTAs).
@@ -286,8 +276,7 @@ cudaError_t max_cluster_size(int dev, const DeviceInfo& info, int threads, int64
 
 template <typename IdT>
 cudaError_t SamplingOnCluster(const SamplingParams<IdT>& p, const ClusterSplit& cs, cudaStream_t stream) {
-  ScanLayout L = slice_layout(cs.slice);
-  L.bulk = sampling_bulk_env() ? 1 : 0;  // (the caller checked sm_90)
+  const ScanLayout L = slice_layout(cs.slice);
   constexpr auto kernel = SamplingClusterKernel<IdT>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.batch * cs.size));
@@ -334,8 +323,7 @@ cudaError_t Sampling(const SamplingParams<IdT>& p, cudaStream_t stream) {
       max_c = max_size;
     }
   }
-  ScanLayout L = scan_layout(p.vocab, 4, p.top_k_first, budget);
-  L.bulk = dev.cc_major >= 9 && sampling_bulk_env() ? 1 : 0;  // (device code checks its own arch too)
+  const ScanLayout L = scan_layout(p.vocab, 4, p.top_k_first, budget);
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<SamplingKernel<IdT>>(static_cast<size_t>(L.smem_bytes), dev_id));
   return launch(SamplingKernel<IdT>, dim3(static_cast<unsigned>(p.batch)), dim3(L.threads),
                 static_cast<size_t>(L.smem_bytes), stream, p.pdl, p, L);

@@ -19,13 +19,11 @@ namespace blk {
 // then the row cache, the mass tables and the candidate list.
 extern __shared__ __align__(16) unsigned char sampling_smem[];
 
-// Reduction scratch, a slot to broadcast one picked element and the mbarrier of the first
-// pass's bulk copies (sampling_source.cuh).
+// Reduction scratch, plus a slot to broadcast one picked element.
 struct Scratch {
   float f[32 * kTableCols];
   int i[32 * kTableCols];
   float value;
-  uint64_t bar;
 };
 static_assert(sizeof(Scratch) <= kScratchBytes, "kScratchBytes must hold blk::Scratch");
 

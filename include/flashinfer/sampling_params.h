@@ -168,7 +168,6 @@ struct ScanLayout {
   int chunks = 1;
   int cache_elems = 0;  // leading elements kept in shared memory (whole tiles, <= vocab)
   int list_cap = 0;     // gathered-candidate capacity
-  int bulk = 0;         // 1: the first pass bulk-copies the cached span (sm_90; the launcher sets it)
   // dynamic shared memory, bytes from its start: scratch, row cache (at kScratchBytes), mass
   // table, chunk masses, list values, list indices, cluster exchange (cluster path only);
   // every part 16-byte aligned

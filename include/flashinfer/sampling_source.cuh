@@ -8,7 +8,6 @@
 
 #include <cstdint>
 
-#include "bulk_copy.cuh"
 #include "config.h"
 #include "sampling.h"
 #include "sampling_block.cuh"
@@ -25,9 +24,7 @@ namespace sampling {
 // includes the padding).
 template <typename T>
 struct RowReader {
-  static constexpr bool kCached = true;  // has a shared-memory cache (cache_elems, aligned)
   static constexpr int kVec = 16 / sizeof(T);
-  using Elem = T;
   using Raw = Vec<T, kVec>;
   const T* row = nullptr;
   int n = 0;
@@ -91,7 +88,6 @@ struct RowReader {
 // relu(target - draft) of two fp32 rows (speculative resampling); nothing cached; -inf past
 // the end.
 struct DiffReader {
-  static constexpr bool kCached = false;
   static constexpr int kVec = 4;
   using Raw = Vec<float, 4>;
   const float* target = nullptr;
@@ -159,16 +155,8 @@ struct GlobalSource {
   // partial counts / masses / extremes per pivot (vector k feeds partial k % kG), so kG
   // independent add chains per pivot, folded in a fixed order: deterministic. Counts are
   // floats (a predicated add each; exact: a thread sees far fewer than 2^24 elements).
-  //
-  // First pass with L.bulk (sm_90) on an aligned row: thread 0 bulk-copies the cached span
-  // into shared memory while the pass walks the chunks last to first, so the uncached tail
-  // streams through registers as the copies land; one wait before the first cached element.
-  // Same sums and table (each chunk's own partials, exact counts and extremes): the result
-  // does not depend on the order.
   template <int P, bool kFirst>
   FLASHINFER_DEVICE void row_pass(const uint32_t (&piv)[P], int (&cnt)[P], float (&sum)[P], RowStats* st) {
-    const bool bulk = kFirst && start_bulk();
-    bool waited = false;
     constexpr int kG0 = P >= 8 ? 1 : 8 / P;
     constexpr int kG = kG0 < kSV ? kG0 : kSV;
     const int lane = blk::lane(), w = blk::warp(), nw = blk::warps();
@@ -189,8 +177,7 @@ struct GlobalSource {
       mn[g] = INFINITY;
     }
     const int tile = L.tile;
-    for (int ci = 0; ci < L.chunks; ++ci) {
-      const int c = bulk ? L.chunks - 1 - ci : ci;
+    for (int c = 0; c < L.chunks; ++c) {
       float s[kG][P];
       FLASHINFER_UNROLL
       for (int g = 0; g < kG; ++g) {
@@ -201,16 +188,8 @@ struct GlobalSource {
       int i0 = elem(c * L.steps_per_chunk, 0);
       for (int step = c * L.steps_per_chunk; step < step_e; ++step, i0 += kSV * tile) {
         Raw raw[kSV];
-        if (bulk) {
-          if (!waited && step * kSV * tile < cached_elems()) {  // (uniform)
-            bulk::wait_parity(bulk_bar(), 0);
-            waited = true;
-          }
-          rd.template fetch_step<false>(i0, tile, raw);
-        } else {
-          rd.template fetch_step<kFirst>(i0, tile, raw);
-          if (kFirst) rd.fill_step(i0, tile, raw);
-        }
+        rd.template fetch_step<kFirst>(i0, tile, raw);
+        if (kFirst) rd.fill_step(i0, tile, raw);
         FLASHINFER_UNROLL
         for (int k = 0; k < kSV; ++k) {
           const int g = k % kG;
@@ -250,7 +229,6 @@ struct GlobalSource {
       }
     }
     __syncthreads();
-    if (bulk && threadIdx.x == 0) bulk::mbarrier_inval(bulk_bar());  // (every thread waited)
     for (int c = w; c < L.chunks; c += nw) {
       FLASHINFER_UNROLL
       for (int m = 0; m < P; ++m) {
@@ -286,42 +264,6 @@ struct GlobalSource {
       st->total = sum[0];
     }
     ++passes;
-  }
-
-  FLASHINFER_DEVICE static uint64_t* bulk_bar() { return &blk::scratch().bar; }
-  FLASHINFER_DEVICE int cached_elems() const {
-    if constexpr (Reader::kCached) {
-      return rd.cache_elems;
-    } else {
-      return 0;
-    }
-  }
-
-  // Starts the bulk copies of the cached span when the first pass may use them (true then).
-  FLASHINFER_DEVICE bool start_bulk() {
-#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || defined(FLASHINFER_EMULATED_BULK_COPY)
-    if constexpr (Reader::kCached) {
-      if (!L.bulk || !rd.aligned || rd.cache_elems <= 0) return false;
-      using T = typename Reader::Elem;
-      bulk::fence_proxy_async();  // this thread's earlier cache accesses before the copies
-      if (threadIdx.x == 0) {
-        bulk::mbarrier_init(bulk_bar(), 1);
-        bulk::fence_init();
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        constexpr uint32_t kPiece = 32 << 10;
-        const uint32_t bytes = static_cast<uint32_t>(rd.cache_elems) * sizeof(T);
-        bulk::arrive_expect_tx(bulk_bar(), bytes);
-        const char* src = reinterpret_cast<const char*>(rd.row);
-        char* dst = reinterpret_cast<char*>(Reader::cache());
-        for (uint32_t o = 0; o < bytes; o += kPiece)
-          bulk::copy(dst + o, src + o, bytes - o < kPiece ? bytes - o : kPiece, bulk_bar());
-      }
-      return true;
-    }
-#endif
-    return false;
   }
 
   // Pass 0: stats of the elements above `pivot`, and column 0 of the table for them.

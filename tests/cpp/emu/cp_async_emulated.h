@@ -9,10 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#ifndef FLASHINFER_EMU_CVTA_DECLARED
-#define FLASHINFER_EMU_CVTA_DECLARED
 inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }  // (never called)
-#endif
 #define cp_async cp_async_hardware
 #include "flashinfer/cp_async.cuh"
 #undef cp_async

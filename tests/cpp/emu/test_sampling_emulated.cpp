@@ -8,7 +8,6 @@
 // tests/cpp/emu/run_emulated.sh sampling; ~20 s on 2 cores.
 #include "cuda_emulator.h"
 // (the emulator first)
-#include "bulk_emulated.h"
 #include "flashinfer/sampling.cuh"
 #include "flashinfer/sampling_logits.cuh"
 #include "flashinfer/topk.cuh"
@@ -23,15 +22,13 @@ using emu::ft;
 using emu::tf;
 
 constexpr int64_t kBudget = 200 << 10;
-int g_bulk = 0;  // ScanLayout::bulk of run_sampling's launches
 
 // SamplingKernel over rows [R, V] (row stride V), `batch` outputs; filters as the binding sets them.
 Out run_sampling(const std::vector<float>& buf, int R, int V, int64_t batch, const int* indices, RowFilter f,
                  int filters, uint64_t seed, int64_t budget, const int* karr = nullptr, const float* parr = nullptr) {
   Out o(batch);
   const SamplingParams<int> sp = sampling_params(buf, R, V, batch, indices, f, filters, seed, o, karr, parr);
-  ScanLayout L = scan_layout(V, 4, sp.top_k_first, budget);
-  L.bulk = g_bulk;
+  const ScanLayout L = scan_layout(V, 4, sp.top_k_first, budget);
   emu::launch(SamplingKernel<int>, unsigned(batch), unsigned(L.threads), size_t(L.smem_bytes), sp, L);
   return o;
 }
@@ -72,13 +69,6 @@ void check_cache_and_alignment() {
       const Out b = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, 0);
       const Out c = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, 90 << 10);
       CHECK(a.idx == b.idx && a.idx == c.idx);
-      g_bulk = 1;  // the first pass's bulk copies of the cache: the same draws and passes
-      const int64_t before = emu_bulk::copies;
-      const Out d = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, kBudget);
-      const Out e = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, 90 << 10);
-      g_bulk = 0;
-      CHECK(emu_bulk::copies > before);
-      CHECK(a.idx == d.idx && a.idx == e.idx && a.stats == d.stats && c.stats == e.stats);
       for (int r = 0; r < R; ++r) {
         const std::vector<float> row(buf.begin() + size_t(r) * V, buf.begin() + size_t(r + 1) * V);
         CHECK(a.valid[r] == 1 && exact_set(row, f, mode, 1e-5)[a.idx[r]]);
@@ -350,11 +340,6 @@ void check_softmax_gumbel_speculative() {
 
 int main() {
   timed("membership", check_membership);
-  timed("membership, bulk-copied cache", [] {
-    g_bulk = 1;
-    check_membership();
-    g_bulk = 0;
-  });
   timed("cache size and alignment", check_cache_and_alignment);
   timed("statistics", check_statistics);
   timed("invalid rows, per-row parameters", [] {
