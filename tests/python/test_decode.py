@@ -132,13 +132,14 @@ def test_batch_decode_smoke():
     test_batch_decode(CASES[2])
 
 
-def test_cpasync_copy_engine():
-    """The tensor-core kernel's other copy engine (FLASHINFER_DECODE_COPY=cpasync; sm_90 takes
-    bulk copies by default) passes the tensor-core cases and the CUDA-graph replay too. A fresh
-    interpreter, since the knob is read once."""
-    env = dict(os.environ, FLASHINFER_DECODE_COPY="cpasync")
+@pytest.mark.parametrize("engine", ["cpasync", "bulk", "producer"])
+def test_copy_engines(engine):
+    """Every copy engine of the tensor-core kernel (FLASHINFER_DECODE_COPY; sm_90 takes one by
+    default, the others only through the knob) passes the tensor-core cases and the CUDA-graph
+    replay. A fresh interpreter, since the knob is read once."""
+    env = dict(os.environ, FLASHINFER_DECODE_COPY=engine)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay"],
+                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores"],
                        env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
@@ -240,6 +241,61 @@ def test_extreme_scores():
     assert torch.equal(o, v[0])
     expected = -50.0 * 80.0 * d / math.log(2.0)
     assert torch.allclose(lse.double(), torch.full_like(lse.double(), expected), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("kv_len", [1, 63, 64, 65, 2048, 32768])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_decode_tensor_cores(kv_len, layout):
+    """single_decode_with_kv_cache(use_tensor_cores=True): contiguous KV through the tensor-core
+    kernel, lengths around its 64-key stage."""
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(hq, d, dtype=torch.bfloat16, device=CUDA)
+    shape = (kv_len, hkv, d) if layout == "NHD" else (hkv, kv_len, d)
+    k = torch.randn(shape, dtype=torch.bfloat16, device=CUDA)
+    v = torch.randn(shape, dtype=torch.bfloat16, device=CUDA)
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, layout, use_tensor_cores=True, return_lse=True)
+    kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+    ro, rl = decode_one(q, kk, vv, sm_scale=1 / math.sqrt(d))
+    assert_attention_close(o, ro)
+    assert_lse_close(lse, rl)
+
+
+@pytest.mark.parametrize("use_tc", [False, True])
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_nan_past_the_end_tensor_cores_and_cuda_cores(use_tc, page_size):
+    """Cache slots past each request's last key (the rest of its last page, pages nobody
+    references) hold NaN: the output must still equal the reference (the name holds
+    "tensor_cores": test_copy_engines runs it under every copy engine)."""
+    hq, hkv, d = 32, 8, 128
+    lens = [1, 63, 64, 65, 300, 17]
+    pages = [-(-n // page_size) for n in lens]
+    total = sum(pages) + 3
+    k = torch.full((total, page_size, hkv, d), float("nan"), dtype=torch.bfloat16, device=CUDA)
+    v = torch.full_like(k, float("nan"))
+    perm = torch.randperm(total).tolist()
+    indptr, indices, last, kb, vb = [0], [], [], [], []
+    for n, np_ in zip(lens, pages):
+        ids = perm[len(indices):len(indices) + np_]
+        indices += ids
+        indptr.append(len(indices))
+        last.append(n - (np_ - 1) * page_size)
+        kr = torch.randn(n, hkv, d, dtype=torch.bfloat16, device=CUDA)
+        vr = torch.randn(n, hkv, d, dtype=torch.bfloat16, device=CUDA)
+        for j in range(n):
+            k[ids[j // page_size], j % page_size] = kr[j]
+            v[ids[j // page_size], j % page_size] = vr[j]
+        kb.append(kr)
+        vb.append(vr)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=use_tc)
+    w.plan(torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
+           torch.tensor(last, dtype=torch.int32), hq, hkv, d, page_size, q_data_type=torch.bfloat16)
+    q = torch.randn(len(lens), hq, d, dtype=torch.bfloat16, device=CUDA)
+    o, lse = w.run(q, (k, v), return_lse=True)
+    for b in range(len(lens)):
+        ro, rl = decode_one(q[b], kb[b], vb[b], sm_scale=1 / math.sqrt(d))
+        assert_attention_close(o[b], ro, f"o[{b}]")
+        assert_lse_close(lse[b], rl, f"lse[{b}]")
 
 
 def test_empty_request_tc_equals_cuda_cores():
