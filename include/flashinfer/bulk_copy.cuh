@@ -44,21 +44,6 @@ FLASHINFER_DEVICE void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #endif
 }
 
-// One plain arrival (a consumer releasing a stage to its producer).
-FLASHINFER_DEVICE void arrive(uint64_t* bar) {
-#ifdef FLASHINFER_HAS_BULK_COPY
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cp_async::smem_addr(bar)) : "memory");
-#endif
-}
-
-// One arrival once every cp.async this thread issued so far has landed (the barrier's count
-// includes it: .noinc).
-FLASHINFER_DEVICE void arrive_on_cp_async(uint64_t* bar) {
-#ifdef FLASHINFER_HAS_BULK_COPY
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(cp_async::smem_addr(bar)) : "memory");
-#endif
-}
-
 // bytes: a multiple of 16; both addresses 16-byte aligned.
 FLASHINFER_DEVICE void copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
 #ifdef FLASHINFER_HAS_BULK_COPY

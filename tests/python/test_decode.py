@@ -132,7 +132,7 @@ def test_batch_decode_smoke():
     test_batch_decode(CASES[2])
 
 
-@pytest.mark.parametrize("engine", ["cpasync", "bulk", "producer"])
+@pytest.mark.parametrize("engine", ["cpasync", "bulk"])
 def test_copy_engines(engine):
     """Every copy engine of the tensor-core kernel (FLASHINFER_DECODE_COPY; sm_90 takes one by
     default, the others only through the knob) passes the tensor-core cases and the CUDA-graph

@@ -34,8 +34,7 @@ struct DecodeLaunch {
 // kernel: the decode kernel to size; stage_bytes / merge_smem: its shared memory needs;
 // fixed_stages > 0: that pipeline depth (when it fits) instead of the occupancy rule.
 template <auto kernel>
-cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeLaunch* l, int fixed_stages = 0,
-                                int threads = kDecodeThreads) {
+cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeLaunch* l, int fixed_stages = 0) {
   int device = 0;
   FLASHINFER_CUDA_TRY(current_device(&device));
   DeviceInfo dev;
@@ -47,12 +46,13 @@ cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeL
     return e ? std::atoi(e) : 0;
   }();
   const int regs = kernel_regs<kernel>();
-  StreamConfig c = stream_config(dev, int64_t{1} << 40, threads, regs, stage_bytes, kMaxStages);
+  StreamConfig c = stream_config(dev, int64_t{1} << 40, kDecodeThreads, regs, stage_bytes, kMaxStages);
   // Decode is latency-bound as much as bandwidth-bound: when two stages let more CTAs reside,
   // take them (128 x 8192 on the H200: 80% of the copy ceiling at 3 CTAs x 2 stages, 73% at
   // 2 CTAs x 3 stages).
   const int64_t smem2 = 2 * stage_bytes > merge_smem ? 2 * stage_bytes : merge_smem;
-  if (blocks_per_sm(dev, threads, regs, smem2) > blocks_per_sm(dev, threads, regs, c.smem > merge_smem ? c.smem : merge_smem)) {
+  if (blocks_per_sm(dev, kDecodeThreads, regs, smem2) >
+      blocks_per_sm(dev, kDecodeThreads, regs, c.smem > merge_smem ? c.smem : merge_smem)) {
     c.stages = 2;
     c.smem = 2 * stage_bytes;
   }
@@ -63,7 +63,7 @@ cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeL
   }
   // the merge scratch aliases the stages: use the larger of the two
   c.smem = c.smem > merge_smem ? c.smem : merge_smem;
-  const int bps = blocks_per_sm(dev, threads, kernel_regs<kernel>(), c.smem);
+  const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);
   l->stages = c.stages;
   l->smem = c.smem;
   l->grid = int64_t{dev.num_sms} * (bps > 0 ? bps : 1);
@@ -80,16 +80,15 @@ inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_
   return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
 }
 
-// The tensor-core kernel's copy engine (DecodeTcEngine): on sm_90+ bulk copies (TMA) unless
-// FLASHINFER_DECODE_COPY (read once) says "cpasync" or "producer"; below sm_90 cp.async.
-inline int decode_tc_engine(const DeviceInfo& dev) {
+// The tensor-core kernel's copy engine: bulk copies (TMA) on sm_90+ unless
+// FLASHINFER_DECODE_COPY=cpasync (read once); "bulk" asks for them where the GPU has them.
+inline bool decode_tc_bulk_enabled(const DeviceInfo& dev) {
   static const int mode = [] {
     const char* e = std::getenv("FLASHINFER_DECODE_COPY");
-    if (e && std::strcmp(e, "cpasync") == 0) return static_cast<int>(kTcCpAsync);
-    if (e && std::strcmp(e, "producer") == 0) return static_cast<int>(kTcProducer);
-    return static_cast<int>(kTcBulk);
+    if (e && std::strcmp(e, "cpasync") == 0) return 0;
+    return 1;
   }();
-  return dev.cc_major >= 9 ? mode : static_cast<int>(kTcCpAsync);
+  return mode == 1 && dev.cc_major >= 9;
 }
 
 // Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
@@ -102,21 +101,17 @@ bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
 }
 
 template <typename T, int kHeadDim, int kG>
-cudaError_t decode_shape_for(bool tc, int engine, DecodeLaunch* l) {
+cudaError_t decode_shape_for(bool tc, bool bulk, DecodeLaunch* l) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 except for single
       // long requests (bulk copies, bf16: 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167,
       // 256 x 1024 303 vs 318; 1 x 32768 56.9 vs 56.2).
-      const int64_t merge = decode_tc_merge_smem(kHeadDim);
-      if (engine == kTcBulk)
-        return decode_launch_shape<DecodeTCKernel<T, kHeadDim, kTcBulk>>(decode_tc_stage_bytes(kHeadDim, true), merge,
-                                                                          l, kDecodeTCStages);
-      if (engine == kTcProducer)
-        return decode_launch_shape<DecodeTCKernel<T, kHeadDim, kTcProducer>>(
-            decode_tc_stage_bytes(kHeadDim, false), merge, l, kDecodeTCStages, decode_tc_threads(kTcProducer));
-      return decode_launch_shape<DecodeTCKernel<T, kHeadDim, kTcCpAsync>>(decode_tc_stage_bytes(kHeadDim, false),
-                                                                          merge, l, kDecodeTCStages);
+      if (bulk)
+        return decode_launch_shape<DecodeTCKernel<T, kHeadDim, true>>(
+            decode_tc_stage_bytes(kHeadDim, true), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
+      return decode_launch_shape<DecodeTCKernel<T, kHeadDim, false>>(
+          decode_tc_stage_bytes(kHeadDim, false), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
     }
   }
   return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG>>(
@@ -127,32 +122,24 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
                              cudaStream_t stream) {
   const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim);
-  int engine = kTcCpAsync;
+  bool bulk = false;
   if (tc) {
     DeviceInfo dev;
     FLASHINFER_CUDA_TRY(current_device_info(&dev));
-    engine = decode_tc_engine(dev);
-    if (!decode_tc_bulk_aligned(p)) engine = kTcCpAsync;  // (16-byte rows: both sm_90 engines)
+    bulk = decode_tc_bulk_enabled(dev) && decode_tc_bulk_aligned(p);
   }
   DecodeLaunch l;
-  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, engine, &l)));
-  if (engine != kTcCpAsync && l.stages > kTcMaxStages) {
-    engine = kTcCpAsync;
-    FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, engine, &l)));
-  }
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, bulk, &l)));
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
   bool launched = false;
   if constexpr (kHeadDim <= 128) {
     if (tc) {
-      const dim3 g(static_cast<unsigned>(grid)), th(static_cast<unsigned>(decode_tc_threads(engine)));
-      if (engine == kTcBulk) {
-        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, kTcBulk>, g, th, l.smem, stream, p.pdl, p, l.stages));
-      } else if (engine == kTcProducer) {
-        FLASHINFER_CUDA_TRY(
-            launch(DecodeTCKernel<T, kHeadDim, kTcProducer>, g, th, l.smem, stream, p.pdl, p, l.stages));
+      if (bulk && l.stages <= kTcMaxStages) {
+        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, true>, dim3(static_cast<unsigned>(grid)),
+                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
       } else {
-        FLASHINFER_CUDA_TRY(
-            launch(DecodeTCKernel<T, kHeadDim, kTcCpAsync>, g, th, l.smem, stream, p.pdl, p, l.stages));
+        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, false>, dim3(static_cast<unsigned>(grid)),
+                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
       }
       launched = true;
     }
@@ -193,17 +180,17 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   const bool tc = decode_uses_tc(use_tc, pos, head_dim);
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev));
-  const int engine = tc ? decode_tc_engine(dev) : static_cast<int>(kTcCpAsync);
+  const bool bulk = tc && decode_tc_bulk_enabled(dev);
   DecodeLaunch l;
   cudaError_t err = cudaErrorInvalidValue;
   const int bucket = decode_group_bucket(group_size);
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, engine, &l); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, engine, &l); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, engine, &l); break;
-      default: err = decode_shape_for<T, kD, 8>(tc, engine, &l); break;
+      case 1: err = decode_shape_for<T, kD, 1>(tc, bulk, &l); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, bulk, &l); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, bulk, &l); break;
+      default: err = decode_shape_for<T, kD, 8>(tc, bulk, &l); break;
     }
     return Status::kSuccess;
   };

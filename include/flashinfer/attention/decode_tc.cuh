@@ -2,16 +2,11 @@
 // kernel, but each warp computes scores for all q heads of its group at once with m16n8k16
 // MMAs in the transposed form S^T = K q^T (16 keys as M, 8 heads as N: no padded rows),
 // keeps an online softmax per head in registers, and accumulates O^T += V^T P^T. K/V tiles of kTcTile keys stream
-// into shared memory read with ldmatrix, by one of three copy engines (kEngine):
-//  - kTcCpAsync: every thread moves 16-byte chunks into XOR-swizzled rows (any sm_80+ GPU);
-//  - kTcBulk (sm_90+, the TMA engine): every thread moves one whole key row (K or V) with one
+// into shared memory read with ldmatrix, by one of two copy engines (kBulk):
+//  - cp.async: every thread moves 16-byte chunks into XOR-swizzled rows (any sm_80+ GPU);
+//  - bulk (sm_90+, the TMA engine): every thread moves one whole key row (K or V) with one
 //    cp.async.bulk per tile, an mbarrier per stage counts the bytes in; rows are padded by 16
-//    bytes so ldmatrix reads stay conflict-free without a swizzle. The bulk copy takes warp-
-//    uniform operands, so a warp's 32 different rows issue as a 32-step loop.
-//  - kTcProducer (sm_90+): a fifth warp does all the copying (cp.async into swizzled rows, an
-//    mbarrier per stage completed by the copies themselves) while the four compute warps only
-//    wait, compute and release the stage (a second mbarrier per stage): no copy instructions,
-//    page-table loads or block barriers on the compute warps' path.
+//    bytes so ldmatrix reads stay conflict-free without a swizzle. 16x fewer copy instructions.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,14 +25,7 @@ namespace attention {
 
 constexpr int kTcTile = 64;  // keys per pipeline stage (16 per warp)
 constexpr int kTcWarps = kDecodeThreads / 32;
-constexpr int kTcMaxStages = 16;  // mbarriers of the bulk-copy and producer pipelines
-
-enum DecodeTcEngine : int { kTcCpAsync = 0, kTcBulk = 1, kTcProducer = 2 };
-
-// Threads of a tensor-core decode CTA: the compute warps, plus the producer warp.
-FLASHINFER_HOST_DEVICE constexpr int decode_tc_threads(int engine) {
-  return engine == kTcProducer ? kDecodeThreads + 32 : kDecodeThreads;
-}
+constexpr int kTcMaxStages = 16;  // mbarriers of the bulk-copy pipeline
 
 // Shared-memory bytes of one key row: bulk copies land whole rows, padded by 16 bytes.
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_row_bytes(int head_dim, bool bulk) {
@@ -60,92 +48,11 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kHeadDim * 2 + ((chunk ^ (row & 7)) << 4));
 }
 
-// The producer warp's share of one work item (kTcProducer): fills the item's tiles into the
-// stage ring (tile t into stage t % stages), each fill of a stage after the first waiting for
-// the compute warps to release it (empty[s]); full[s] completes when the lanes' copies of the
-// stage have landed. Lane l copies 16-byte chunk l % kChunks of rows l / kChunks + kStep * i
-// of K and of V; the row offsets are computed once per tile by lanes 0..31 (rows l and
-// l + 32, page ids loaded a tile ahead) and shuffled. Rows past the end repeat the last key's
-// row (finite data, probability 0). `used` / `eph`: per stage, filled before / parity of the
-// next release to wait for (they persist across items).
-template <typename T, int kHeadDim>
-FLASHINFER_DEVICE void tc_produce(const DecodeParams<T>& p, int64_t b, int kv_head, int32_t lo, int32_t hi,
-                                  int64_t num_tiles, int stages, char* smem, uint64_t* full, uint64_t* empty,
-                                  uint32_t& used, uint32_t& eph) {
-  constexpr int kChunks = kHeadDim / 8;
-  constexpr int kStep = 32 / kChunks;          // rows between a lane's copies
-  constexpr int kIt = kTcTile / kStep;         // rows a lane copies per tile (K and V each)
-  constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, false);
-  if (num_tiles <= 0) return;
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int chunk = lane % kChunks, r0 = lane / kChunks;
-  const bool paged = p.contiguous_len < 0;
-  const int32_t* page_ids = paged ? p.kv.indices + p.kv.indptr[b] : nullptr;
-  const int32_t ps = static_cast<int32_t>(paged ? p.kv.page_size : 1);
-  const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + chunk * 8;
-  const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + chunk * 8;
-  int64_t last_k, last_v;
-  {
-    const int32_t key = hi - 1, slot = paged ? key / ps : 0;
-    const int64_t pg = paged ? int64_t{__ldg(page_ids + slot)} : 0, e = key - slot * ps;
-    last_k = pg * p.kv.stride_page + e * p.kv.stride_n;
-    last_v = pg * p.v_stride_page + e * p.v_stride_n;
-  }
-  PageCursor c0(paged ? lo + lane : 0, ps, kTcTile), c1(paged ? lo + 32 + lane : 0, ps, kTcTile);
-  int32_t key0 = lo + lane;  // (row lane; row lane + 32 has key0 + 32)
-  int32_t id0 = 0, id1 = 0;  // page ids of this tile's two rows
-  auto fetch_ids = [&] {
-    if (paged) {
-      id0 = key0 < hi ? __ldg(page_ids + c0.slot) : 0;
-      id1 = key0 + 32 < hi ? __ldg(page_ids + c1.slot) : 0;
-    }
-  };
-  fetch_ids();
-  int s = 0;
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    int64_t ok[2], ov[2];
-    FLASHINFER_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int32_t key = key0 + 32 * h;
-      const int64_t pg = h == 0 ? id0 : id1;
-      const int64_t e = paged ? (h == 0 ? c0.entry : c1.entry) : key;
-      ok[h] = key < hi ? pg * p.kv.stride_page + e * p.kv.stride_n : last_k;
-      ov[h] = key < hi ? pg * p.v_stride_page + e * p.v_stride_n : last_v;
-    }
-    key0 += kTcTile;
-    c0.advance();
-    c1.advance();
-    if (tile + 1 < num_tiles) fetch_ids();  // the next tile's ids load while this one issues
-    if ((used >> s) & 1u) {
-      bulk::wait_parity(&empty[s], (eph >> s) & 1u);
-      eph ^= 1u << s;
-    } else {
-      used |= 1u << s;
-    }
-    char* ks = smem + s * kStage;
-    char* vs = ks + kStage / 2;
-    FLASHINFER_UNROLL
-    for (int i = 0; i < kIt; ++i) {
-      const int r = r0 + kStep * i;
-      const int64_t rk = __shfl_sync(0xffffffffu, ok[i < kIt / 2 ? 0 : 1], r & 31);
-      const int64_t rv = __shfl_sync(0xffffffffu, ov[i < kIt / 2 ? 0 : 1], r & 31);
-      cp_async::copy16(ks + swz<kHeadDim>(r, chunk), kbase + rk);
-      cp_async::copy16(vs + swz<kHeadDim>(r, chunk), vbase + rv);
-    }
-    bulk::arrive_on_cp_async(&full[s]);
-    s = s + 1 == stages ? 0 : s + 1;
-  }
-}
-
 }  // namespace detail
 
-// kEngine: the copy engine (DecodeTcEngine; bulk and producer: sm_90+, stages <= kTcMaxStages,
-// K/V rows 16-byte aligned; the producer engine runs decode_tc_threads(kTcProducer) threads).
-template <typename T, int kHeadDim, int kEngine>
-__global__ void __launch_bounds__(decode_tc_threads(kEngine))
-    DecodeTCKernel(const DecodeParams<T> p, const int stages) {
-  constexpr bool kBulk = kEngine == kTcBulk;
-  constexpr bool kProd = kEngine == kTcProducer;
+// kBulk: the bulk-copy engine (sm_90+; stages <= kTcMaxStages; K/V rows 16-byte aligned).
+template <typename T, int kHeadDim, bool kBulk>
+__global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodeParams<T> p, const int stages) {
   static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
   static_assert(kDecodeThreads == 2 * kTcTile, "bulk copies: one K or V row per thread per tile");
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
@@ -156,8 +63,7 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
   constexpr uint32_t kRowBytes = kHeadDim * 2;
   extern __shared__ uint4 smem_u4[];
   __shared__ __align__(16) T sP[kTcWarps * kDecodeMaxGroup * 16];
-  __shared__ __align__(8) uint64_t bars[kBulk || kProd ? kTcMaxStages : 1];  // (producer: full)
-  __shared__ __align__(8) uint64_t ebars[kProd ? kTcMaxStages : 1];          // (producer: empty)
+  __shared__ __align__(8) uint64_t bars[kBulk ? kTcMaxStages : 1];
   // Byte offset of 16-byte chunk `c` of key row `r` in a K or V tile.
   auto at = [](int r, int c) -> uint32_t {
     if constexpr (kBulk) return static_cast<uint32_t>(r * kPitch + c * 16);
@@ -179,20 +85,13 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
   const int brow = static_cast<int>(threadIdx.x) % kTcTile;
   const bool bv = static_cast<int>(threadIdx.x) >= kTcTile;
   uint32_t phase = 0;  // bit s: parity of stage s's next completion
-  uint32_t used = 0, eph = 0;  // (the producer's: see tc_produce)
-  if constexpr (kBulk || kProd) {
+  if constexpr (kBulk) {
     if (threadIdx.x == 0) {
-      for (int s = 0; s < stages; ++s) {
-        bulk::mbarrier_init(&bars[s], kProd ? 32 : 1);
-        if (kProd) bulk::mbarrier_init(&ebars[s], kTcWarps);
-      }
+      for (int s = 0; s < stages; ++s) bulk::mbarrier_init(&bars[s], 1);
       bulk::fence_init();
     }
     __syncthreads();
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if (kBulk || kProd) __trap();  // (the launcher picks these engines on sm_90+ only)
-#endif
 
   pdl_wait();
   const int64_t n_items = detail::num_items(p);
@@ -201,15 +100,7 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
     const int64_t b = it.request, lo = it.lo, hi = it.hi;
     const int kv_head = it.kv_head, qh0 = it.qh0, ng = it.ng;
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kTcTile) : 0;
-    // Online softmax per head (log2 units); d is this thread's share of its 2 keys per tile.
-    float m[2] = {neg_inf(), neg_inf()}, d[2] = {0.f, 0.f};
-    float o[kMTiles][4];  // O^T: dims mt*16 + grp (+8) x heads tig*2 + {0, 1}
-    FLASHINFER_UNROLL
-    for (int n = 0; n < kMTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    if (kProd && warp == kTcWarps) {
-      detail::tc_produce<T, kHeadDim>(p, b, kv_head, static_cast<int32_t>(lo), static_cast<int32_t>(hi), num_tiles,
-                                      stages, smem, bars, ebars, used, eph);
-    } else {
+
     // q as the MMA B operand (k = dims, n = heads): lane (grp, tig) holds head qh0 + grp.
     uint32_t qa[kKSteps][2];
     {
@@ -313,23 +204,24 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
       cp_async::commit();
     };
 
+    // Online softmax per head (log2 units); d is this thread's share of its 2 keys per tile.
+    float m[2] = {neg_inf(), neg_inf()}, d[2] = {0.f, 0.f};
+    float o[kMTiles][4];  // O^T: dims mt*16 + grp (+8) x heads tig*2 + {0, 1}
+    FLASHINFER_UNROLL
+    for (int n = 0; n < kMTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     T* sp = sP + warp * kDecodeMaxGroup * 16;  // this warp's P^T staging [head][16 keys]
 
     int32_t pg[kIters > 2 ? kIters : 2];
-    if constexpr (!kProd) {
-      for (int s = 0; s + 1 < stages; ++s) {
-        load_pages(s, pg);
-        issue(s, s, pg);
-      }
-      load_pages(stages - 1, pg);
+    for (int s = 0; s + 1 < stages; ++s) {
+      load_pages(s, pg);
+      issue(s, s, pg);
     }
+    load_pages(stages - 1, pg);
     int s_cur = 0;
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      if constexpr (!kProd) {
-        issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pg);
-        load_pages(tile + stages, pg);  // consumed by the next iteration's issue
-      }
-      if constexpr (kBulk || kProd) {
+      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pg);
+      load_pages(tile + stages, pg);  // consumed by the next iteration's issue
+      if constexpr (kBulk) {
         bulk::wait_parity(&bars[s_cur], (phase >> s_cur) & 1u);  // the stage's bytes have landed
         phase ^= 1u << s_cur;
       } else {
@@ -401,16 +293,10 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
         mma::ldmatrix_x4_trans(va, vs_ + at(row0 + (lane & 7) + (lane >> 4) * 8, 2 * n + ((lane >> 3) & 1)));
         mma::mma_16816<T>(o[n], va, pb);
       }
-      if constexpr (kProd) {
-        __syncwarp();  // this warp's reads of the stage (and of sp) are done: release the stage
-        if (lane == 0) bulk::arrive(&ebars[s_cur]);
-      } else {
-        if constexpr (kBulk) bulk::fence_proxy_async();  // these reads precede the stage's async refill
-        __syncthreads();  // the stage (and sp) are rewritten by the next iteration
-      }
+      if constexpr (kBulk) bulk::fence_proxy_async();  // these reads precede the stage's async refill
+      __syncthreads();  // the stage (and sp) are rewritten by the next iteration
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
-    }  // (compute warps)
     if constexpr (!kBulk) cp_async::wait(0);  // (every bulk fill issued was waited for)
     __syncthreads();
 
@@ -424,9 +310,8 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
     float* so = reinterpret_cast<float*>(smem);
     float* sm = so + kTcWarps * kDecodeMaxGroup * kHeadDim;
     float* sd = sm + kTcWarps * kDecodeMaxGroup;
-    const bool computes = !kProd || warp < kTcWarps;  // (the producer warp holds no state)
     FLASHINFER_UNROLL
-    for (int n = 0; n < kMTiles && computes; ++n) {
+    for (int n = 0; n < kMTiles; ++n) {
       FLASHINFER_UNROLL
       for (int e = 0; e < 2; ++e) {
         float* row = so + (warp * kDecodeMaxGroup + tig * 2 + e) * kHeadDim + n * 16 + grp;
@@ -434,7 +319,7 @@ __global__ void __launch_bounds__(decode_tc_threads(kEngine))
         row[8] = o[n][2 + e];
       }
     }
-    if (grp == 0 && computes) {
+    if (grp == 0) {
       FLASHINFER_UNROLL
       for (int e = 0; e < 2; ++e) {
         sm[warp * kDecodeMaxGroup + tig * 2 + e] = m[e];
