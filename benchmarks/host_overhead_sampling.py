@@ -5,7 +5,7 @@ generator update, DLPack exports, the binding) and for whole calls, general and 
 import torch
 
 import flashinfer.sampling as fs
-from flashinfer import _sampling
+from flashinfer import _cuda, _sampling
 
 from host_overhead import med_us  # (run from benchmarks/)
 
@@ -18,6 +18,10 @@ def main():
     s = torch._C._cuda_getCurrentRawStream(0)
     k = torch.full((1,), 50, dtype=torch.int32, device="cuda")
     tp = torch.full((1,), 0.9, device="cuda")
+    p0 = torch.empty(0, 128256, device="cuda")
+    out0 = torch.empty(0, dtype=torch.int32, device="cuda")
+    p64 = torch.softmax(torch.randn(64, 128256, device="cuda"), -1)
+    out64 = torch.empty(64, dtype=torch.int32, device="cuda")
 
     def gen_update():
         seed, off = gen.initial_seed(), gen.get_offset()
@@ -37,6 +41,11 @@ def main():
         ("torch.empty(1, dtype, device=p.device)", lambda: torch.empty(1, dtype=torch.int32, device=p.device)),
         ("generator seed/offset update", gen_update),
         ("2 x _to_dlpack", lambda: (dl(p), dl(out))),
+        ("_sampling.sample_probs direct, 0 rows (no launch)",
+         lambda: _sampling.sample_probs("x", dl(p0), dl(out0), 8, None, 50, None, 0.9, None, 0.0, 1, 0, -1, s)),
+        ("_sampling.sample_probs direct, 64 rows (one-block kernel)",
+         lambda: _sampling.sample_probs("x", dl(p64), dl(out64), 8, None, 50, None, 0.9, None, 0.0, 1, 0, -1, s)),
+        ("_cuda.launch_empty(s)", lambda: _cuda.launch_empty(s)),
         ("_sampling.sample_probs direct (top-k/top-p)",
          lambda: _sampling.sample_probs("x", dl(p), dl(out), 8, None, 50, None, 0.9, None, 0.0, 1, 0, -1, s)),
         ("sampling_from_probs(p)", lambda: fs.sampling_from_probs(p)),
