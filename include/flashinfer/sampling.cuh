@@ -33,7 +33,6 @@ FLASHINFER_DEVICE RowReader<T> row_reader(const T* row, int vocab, const ScanLay
   rd.n = vocab;
   rd.cache_elems = L.cache_elems;
   rd.aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0;
-  rd.l2_hint = L.l2_hint;
   return rd;
 }
 
@@ -212,17 +211,6 @@ inline int sampling_cluster_env() {
   return v;
 }
 
-// FLASHINFER_SAMPLING_L2HINT (read once; ScanLayout::l2_hint of the one-block kernel): 0 plain
-// loads, 1 the cached span's first-pass loads evict first, 2 also the uncached span's evict last.
-inline int sampling_l2_hint_env() {
-  static const int v = [] {
-    const char* e = std::getenv("FLASHINFER_SAMPLING_L2HINT");
-    const int n = e ? std::atoi(e) : 0;
-    return n < 0 || n > 2 ? 0 : n;
-  }();
-  return v;
-}
-
 // The largest cluster the kernel may use on `dev` for this block size and shared memory (asked
 // once per device, size and layout; 1 when the kernel binary is older than sm_90 or the
 // device cannot co-schedule even two such CTAs).
@@ -335,8 +323,7 @@ cudaError_t Sampling(const SamplingParams<IdT>& p, cudaStream_t stream) {
       max_c = max_size;
     }
   }
-  ScanLayout L = scan_layout(p.vocab, 4, p.top_k_first, budget);
-  L.l2_hint = sampling_l2_hint_env();
+  const ScanLayout L = scan_layout(p.vocab, 4, p.top_k_first, budget);
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<SamplingKernel<IdT>>(static_cast<size_t>(L.smem_bytes), dev_id));
   return launch(SamplingKernel<IdT>, dim3(static_cast<unsigned>(p.batch)), dim3(L.threads),
                 static_cast<size_t>(L.smem_bytes), stream, p.pdl, p, L);

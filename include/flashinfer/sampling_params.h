@@ -168,7 +168,6 @@ struct ScanLayout {
   int chunks = 1;
   int cache_elems = 0;  // leading elements kept in shared memory (whole tiles, <= vocab)
   int list_cap = 0;     // gathered-candidate capacity
-  int l2_hint = 0;      // first pass: 1 the cached span's loads evict first from L2, 2 also the rest's evict last
   // dynamic shared memory, bytes from its start: scratch, row cache (at kScratchBytes), mass
   // table, chunk masses, list values, list indices, cluster exchange (cluster path only);
   // every part 16-byte aligned

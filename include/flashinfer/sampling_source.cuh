@@ -31,7 +31,6 @@ struct RowReader {
   int cache_elems = 0;   // elements [0, cache_elems) live in shared memory from offset 0
   bool aligned = false;  // row start 16-byte aligned
   float pad = -INFINITY;
-  int l2_hint = 0;  // ScanLayout::l2_hint
 
   FLASHINFER_DEVICE static T* cache() { return reinterpret_cast<T*>(blk::sampling_smem + kScratchBytes); }
 
@@ -60,42 +59,12 @@ struct RowReader {
       for (int k = 0; k < S; ++k) raw[k] = *reinterpret_cast<const Raw*>(c + k * tile);
     } else if (aligned && last + kVec <= n && (kGlobal || i0 >= cache_elems)) {
       const T* r = row + i0;
-      if (kGlobal && l2_hint > 0 && (i0 < cache_elems || l2_hint == 2)) {
-        // First pass: the cached span is never read from global memory again, the rest is.
-        const bool first = i0 < cache_elems;
-        FLASHINFER_UNROLL
-        for (int k = 0; k < S; ++k) raw[k] = load_hinted(r + k * tile, first);
-      } else {
-        FLASHINFER_UNROLL
-        for (int k = 0; k < S; ++k) raw[k].load(r + k * tile);
-      }
+      FLASHINFER_UNROLL
+      for (int k = 0; k < S; ++k) raw[k].load(r + k * tile);
     } else {
       FLASHINFER_UNROLL
       for (int k = 0; k < S; ++k) raw[k] = fetch<kGlobal>(i0 + k * tile);
     }
-  }
-  // 16 bytes with an L2 eviction priority: first (evict_first) or last (evict_last).
-  FLASHINFER_DEVICE static Raw load_hinted(const T* p, bool first) {
-#if !defined(__CUDA_ARCH__)
-    (void)first;  // (host compilation: the CPU kernel emulator)
-    Raw h;
-    h.load(p);
-    return h;
-#else
-    uint4 u;
-    uint64_t pol;
-    if (first) {
-      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    } else {
-      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    }
-    asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-        : "l"(p), "l"(pol));
-    Raw v;
-    memcpy(&v, &u, 16);
-    return v;
-#endif
   }
   FLASHINFER_DEVICE void fill(int i, const Raw& v) const {
     if (i < cache_elems) *reinterpret_cast<Raw*>(cache() + i) = v;

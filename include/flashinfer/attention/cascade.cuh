@@ -146,58 +146,6 @@ __global__ void __launch_bounds__(kMergeThreads, kVecs <= 2 ? 6 : (kVecs == 4 ? 
   pdl_launch_dependents();
 }
 
-// MergeStateKernel with one 16-byte vector per thread, on a persistent grid: a group walks
-// tiles at a stride of the grid's groups and loads tile t + stride (both vectors, both LSEs)
-// before it merges and stores tile t, so two tiles are in flight per thread and no block is
-// launched per tile. In place: a tile never shares an LSE with the tile loaded after it (a
-// head wider than one round is merged in two passes, write_s false in the first).
-template <typename T>
-__global__ void __launch_bounds__(kMergeThreads) MergeStatePersistentKernel(const MergeStateParams<T> p,
-                                                                           const MergeShape l) {
-  constexpr int kE = 16 / sizeof(T);
-  using V = detail::Pack<T, kE>;
-  struct Tile {
-    V a, b;
-    float sa, sb;
-    int64_t n, h;
-    int r, j;
-    bool on;
-  };
-  const int g = static_cast<int>(threadIdx.x) >> l.group_log2;
-  const int lane = static_cast<int>(threadIdx.x) & (l.group - 1);
-  const int64_t stride = int64_t{gridDim.x} * l.groups_per_block;
-  auto load = [&](int64_t t, Tile& x) {
-    x.on = false;
-    if (t >= l.tiles) return;
-    merge_tile(l, t, p.num_heads, &x.n, &x.h, &x.r);
-    if (p.mask && p.mask[x.n * p.mask_stride] == 0) return;
-    x.on = true;
-    x.j = merge_vec_index(l, lane, x.r, 0);
-    if (x.j < l.head_vecs) {
-      x.a.load_stream(p.v_a + (x.n * p.a.v_n + x.h * p.a.v_h) + x.j * kE);
-      x.b.load_stream(p.v_b + (x.n * p.b.v_n + x.h * p.b.v_h) + x.j * kE);
-    }
-    x.sa = p.s_a[x.n * p.a.s_n + x.h * p.a.s_h];
-    x.sb = p.s_b[x.n * p.b.s_n + x.h * p.b.s_h];
-  };
-  pdl_wait();
-  int64_t tile = int64_t{blockIdx.x} * l.groups_per_block + g;
-  Tile cur, nxt;
-  load(tile, cur);
-  for (; tile < l.tiles; tile += stride) {  // (uniform over a group)
-    load(tile + stride, nxt);
-    if (cur.on) {
-      const MergeWeights w = merge_weights(cur.sa, cur.sb);
-      if (cur.j < l.head_vecs)
-        detail::weighted_sum(w.wa, cur.a, w.wb, cur.b).store(p.v_out + (cur.n * p.out.v_n + cur.h * p.out.v_h) + cur.j * kE);
-      __syncwarp(group_mask(l));  // in place: the group has read s_a before lane 0 overwrites it
-      if (l.write_s && cur.r == 0 && lane == 0) p.s_out[cur.n * p.out.s_n + cur.h * p.out.s_h] = w.lse;
-    }
-    cur = nxt;
-  }
-  pdl_launch_dependents();
-}
-
 // MergeStates on 16-byte vectors: the tile layout of MergeStateKernel; each thread streams
 // its kVecs vectors and the LSE of states k + 1 .. k + stages - 1 into its own shared-memory
 // slots with cp.async while it folds state k in (state.h's online softmax: a state is a "key"
@@ -371,21 +319,8 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
     return v == 1 || v == 2 || v == 4 || v == 8 ? v : 1;
   }();
   const int vecs = vec ? env_vecs : kMergeVecs;
-  // FLASHINFER_MERGE_PERSIST=<blocks per SM> (a tuning knob, read once): the persistent
-  // kernel on that many blocks per SM (16-byte vectors, one per thread).
-  static const int persist = [] {
-    const char* e = std::getenv("FLASHINFER_MERGE_PERSIST");
-    return e ? std::atoi(e) : 0;
-  }();
   auto run = [&](const MergeShape& l) {
     if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
-    if (persist > 0 && vec && l.head_vecs > 0 && l.vecs == 1) {
-      DeviceInfo dev;
-      FLASHINFER_CUDA_TRY(current_device_info(&dev));
-      const int64_t cap = int64_t{dev.num_sms} * persist;
-      const dim3 grid(static_cast<unsigned>(l.blocks < cap ? l.blocks : cap)), block(static_cast<unsigned>(l.threads));
-      return launch(MergeStatePersistentKernel<T>, grid, block, 0, stream, p.pdl, p, l);
-    }
     const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
     if (!vec || l.head_vecs == 0) return launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
     switch (l.vecs) {

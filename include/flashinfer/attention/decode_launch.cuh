@@ -91,17 +91,6 @@ inline bool decode_tc_bulk_enabled(const DeviceInfo& dev) {
   return mode == 1 && dev.cc_major >= 9;
 }
 
-// Tiles between the newest bulk copy and the tile the bulk engine prefetches into L2
-// (FLASHINFER_DECODE_PREFETCH, read once; 0 = no prefetch).
-inline int decode_tc_prefetch() {
-  static const int v = [] {
-    const char* e = std::getenv("FLASHINFER_DECODE_PREFETCH");
-    const int n = e ? std::atoi(e) : 0;
-    return n < 0 ? 0 : (n > 64 ? 64 : n);
-  }();
-  return v;
-}
-
 // Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
 template <typename T>
 bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
@@ -147,10 +136,10 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     if (tc) {
       if (bulk && l.stages <= kTcMaxStages) {
         FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, true>, dim3(static_cast<unsigned>(grid)),
-                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages, decode_tc_prefetch()));
+                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
       } else {
         FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, false>, dim3(static_cast<unsigned>(grid)),
-                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages, 0));
+                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
       }
       launched = true;
     }

@@ -51,12 +51,8 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
 }  // namespace detail
 
 // kBulk: the bulk-copy engine (sm_90+; stages <= kTcMaxStages; K/V rows 16-byte aligned).
-// prefetch > 0 (bulk engine): each thread also prefetches its key row of the tile `prefetch`
-// tiles beyond the newest bulk copy into L2, so those copies find their rows in L2 and the
-// DRAM latency hides behind more than the shared-memory stages hold.
 template <typename T, int kHeadDim, bool kBulk>
-__global__ void __launch_bounds__(kDecodeThreads)
-    DecodeTCKernel(const DecodeParams<T> p, const int stages, const int prefetch) {
+__global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodeParams<T> p, const int stages) {
   static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
   static_assert(kDecodeThreads == 2 * kTcTile, "bulk copies: one K or V row per thread per tile");
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
@@ -148,31 +144,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
       last_page = __ldg(page_ids + last_slot);
       last_entry = hi32 - 1 - last_slot * page_size;
     }
-    // L2 prefetch of the tile `prefetch` tiles past the one issued: its page id is loaded one
-    // iteration before use (pf_page), so the prefetch never waits on it.
-    const int32_t pf0 = lo32 + brow + (stages - 1 + prefetch) * kTcTile;
-    PageCursor pcur(paged ? pf0 : 0, page_size, kTcTile);
-    int32_t pkey = pf0, pf_page = 0;
-    auto load_pf_page = [&] {
-      if (kBulk && prefetch > 0 && paged && pkey < hi32) pf_page = __ldg(page_ids + pcur.slot);
-    };
-    auto prefetch_row = [&] {
-      if (kBulk && prefetch > 0) {
-        if (pkey < hi32) {
-          const int64_t page = paged ? pf_page : 0, entry = paged ? pcur.entry : pkey;
-          const T* src = bv ? p.kv.v_data + int64_t{kv_head} * p.v_stride_h + page * p.v_stride_page +
-                                  entry * p.v_stride_n
-                            : p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + page * p.kv.stride_page +
-                                  entry * p.kv.stride_n;
-          FLASHINFER_UNROLL
-          for (int l = 0; l < static_cast<int>(kRowBytes); l += 128)
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(src) + l));
-        }
-        pkey += kTcTile;
-        pcur.advance();
-      }
-    };
-    load_pf_page();
     auto load_pages = [&](int64_t tile, int32_t* pg) {
       if constexpr (kBulk) {
         if (tile >= num_tiles) return;
@@ -250,8 +221,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
       issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pg);
       load_pages(tile + stages, pg);  // consumed by the next iteration's issue
-      prefetch_row();
-      load_pf_page();
       if constexpr (kBulk) {
         bulk::wait_parity(&bars[s_cur], (phase >> s_cur) & 1u);  // the stage's bytes have landed
         phase ^= 1u << s_cur;
