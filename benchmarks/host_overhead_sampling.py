@@ -59,6 +59,14 @@ def main():
     print(f"{'host call':<46} {'median us':>9}")
     for name, fn in rows:
         print(f"{name:<46} {med_us(fn):9.2f}")
+    # Does the launch path (cluster vs one block) or the GPU time set the host time? The same
+    # call at 1 row (cluster kernel by default), forced onto the one-block kernel, and at 64 rows.
+    p1 = torch.softmax(torch.randn(1, 128256, device="cuda"), -1)
+    with fs._force_cluster(1):
+        print(f"{'top_p(p, 0.9), 1 row, one-block kernel':<46} {med_us(lambda: fs.top_p_sampling_from_probs(p1, 0.9)):9.2f}")
+    print(f"{'top_p(p, 0.9), 1 row, cluster kernel':<46} {med_us(lambda: fs.top_p_sampling_from_probs(p1, 0.9)):9.2f}")
+    print(f"{'top_p(p, 0.9), 64 rows':<46} {med_us(lambda: fs.top_p_sampling_from_probs(p64, 0.9)):9.2f}")
+    print(f"{'sampling_from_probs(p), 64 rows':<46} {med_us(lambda: fs.sampling_from_probs(p64)):9.2f}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "common.h"
 #include "sampling_inst.h"
@@ -120,12 +119,10 @@ fs::RandomSeeds check_seeds(const fb::Checker& c, const OptTensor& seed_arr, uin
 }
 
 int device_of(const fb::Checker& c, std::initializer_list<std::pair<const OptTensor*, const char*>> ts) {
-  std::vector<std::pair<const MutTensor*, const char*>> present;
-  for (auto [t, name] : ts)
-    if (*t) present.emplace_back(&**t, name);
   int dev = -1;
-  for (auto& [t, name] : present) {
-    const int d = c.cuda_device({{t, name}});
+  for (auto [t, name] : ts) {
+    if (!*t) continue;
+    const int d = c.cuda_device({{&**t, name}});
     if (dev >= 0 && d != dev)
       fb::fail(std::string(c.op) + ": " + name + " is on cuda:" + str(d) + " but the inputs are on cuda:" + str(dev));
     dev = d;

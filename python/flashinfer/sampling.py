@@ -246,7 +246,7 @@ def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any,
         gen = t.gens[dev] = _torch_generator(t.torch, dev)
     shape = probs.shape
     rows = shape[0] if len(shape) else 0
-    out = t.empty((rows,), dtype=t.int32, device=probs.device)  # (cheaper than new_empty on the CPU side)
+    out = t.empty(rows, dtype=t.int32, device=probs.device)  # (an int size parses ~1 us faster than a tuple)
     try:
         seed = gen.initial_seed()
         off = gen.get_offset()
