@@ -20,6 +20,7 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-kv-heads", type=int, default=8)
     g.add_argument("--head-dim", type=int, default=128)
     g.add_argument("--use-tensor-cores", action="store_true")
+    g.add_argument("--kv-layout", choices=["NHD", "HND"], default="NHD", help="paged cache layout (batch_decode)")
 
 
 def _sdpa(torch, q, k, v):
@@ -34,24 +35,28 @@ def batch_decode(torch, args) -> Case:
     dt = _dtype(torch, args.dtype)
     pages_per = (L + ps - 1) // ps
     total = b * pages_per
-    k = torch.randn(total, ps, hkv, d, dtype=dt, device="cuda")
+    hnd = args.kv_layout == "HND"
+    k = torch.randn(total, hkv, ps, d, dtype=dt, device="cuda") if hnd else torch.randn(total, ps, hkv, d, dtype=dt,
+                                                                                         device="cuda")
     v = torch.randn_like(k)
     indices = torch.randperm(total, device="cuda").int()
     indptr = torch.arange(b + 1, dtype=torch.int32) * pages_per
     last = torch.full((b,), L - (pages_per - 1) * ps, dtype=torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=args.use_tensor_cores)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, args.kv_layout, use_tensor_cores=args.use_tensor_cores)
     w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt)
     q = torch.randn(b, hq, d, dtype=dt, device="cuda")
     o = torch.empty_like(q)
     # reference inputs: the same keys gathered contiguous [B, Hkv, L, D]
     idx = indices.long().view(b, pages_per)
-    kc = k[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
-    vc = v[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
+    kn, vn = (k.transpose(1, 2), v.transpose(1, 2)) if hnd else (k, v)  # [pages, ps, hkv, d] views
+    kc = kn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
+    vc = vn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
     e = q.element_size()
     nbytes = 2 * b * L * hkv * d * e + 2 * b * hq * d * e
     tc = " tc" if args.use_tensor_cores else ""
-    return Case("batch_decode" + tc, f"{b}x{L} {hq}/{hkv}x{d} ps{ps}", args.dtype, lambda: w.run(q, (k, v)),
+    lay = " HND" if hnd else ""
+    return Case("batch_decode" + tc, f"{b}x{L} {hq}/{hkv}x{d} ps{ps}{lay}", args.dtype, lambda: w.run(q, (k, v)),
                 lambda: w.run(q, (k, v), out=o), _sdpa(torch, q, kc, vc), "SDPA enable_gqa (contiguous KV)",
                 bytes=nbytes)
 
