@@ -7,6 +7,7 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -176,9 +177,15 @@ class DeviceGuard {
 };
 
 // PDL needs compute capability 9.0+; asked once per device, then cached.
+// Programmatic dependent launch on `device` (sm_90+), unless FLASHINFER_PDL=0 (read once: a
+// switch for measurements and debugging).
 inline bool device_supports_pdl(int device) {
+  static const bool off = [] {
+    const char* e = std::getenv("FLASHINFER_PDL");
+    return e && e[0] == '0' && e[1] == 0;
+  }();
   static int cc_major[64] = {};  // 0 = not asked yet
-  if (device < 0 || device >= 64) return false;
+  if (off || device < 0 || device >= 64) return false;
   if (cc_major[device] == 0) {
     int major = -1;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = -1;
