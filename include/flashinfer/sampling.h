@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "config.h"
 
@@ -168,9 +169,19 @@ struct SampleResult {
 //   Pick pick(uint32_t low, int column, float u): in the source's fixed order, the first
 //       element with key > low where the running mass of such elements exceeds u (u < the
 //       column's mass); the last such element when rounding leaves the sum short of u.
+//   optional, detected by kEarlyAccept (the one-block kernel's source):
+//   bool aggregate_or_accept(const uint32_t (&piv)[1], int column, float bound, int (&cnt)[1], float (&sum)[1]):
+//       aggregate of one pivot that may stop early and return true once the mass of the
+//       candidates with key <= piv[0] (column's mass minus the mass above piv[0], chunk by
+//       chunk) exceeds `bound`; false: cnt / sum / columns as aggregate gives them.
 // uniform(d): the d-th uniform in [0, 1) of the row's stream.
 // Accepts a draw when its value is in the set; otherwise the pivots move the candidate range
 // to one of four sub-brackets, so it at least quarters (in value) every round.
+template <class S, class = void>
+struct HasEarlyAccept : std::false_type {};
+template <class S>
+struct HasEarlyAccept<S, std::void_t<decltype(S::kEarlyAccept)>> : std::integral_constant<bool, S::kEarlyAccept> {};
+
 FLASHINFER_HD_TEMPLATE
 template <class Source, class Uniform>
 FLASHINFER_HOST_DEVICE SampleResult rejection_sample(Source& src, const Criterion& c, RejectState s,
@@ -201,7 +212,19 @@ FLASHINFER_HOST_DEVICE SampleResult rejection_sample(Source& src, const Criterio
       const uint32_t one[1] = {piv[0]};
       int cnt1[1];
       float sum1[1];
-      src.aggregate(one, cnt1, sum1);
+      // The first draw under top-p: accepted as soon as the candidates at or below it hold
+      // more than mass - top_p_mass (then the mass above it is below top_p_mass); a sampled
+      // value is usually mid-distribution, so this settles after a fraction of the row.
+      bool accepted = false;
+      if constexpr (HasEarlyAccept<Source>::value) {
+        if (drawn && c.use_top_p && piv[0] < c.max_key)
+          accepted = src.aggregate_or_accept(one, s.column, s.mass - c.top_p_mass, cnt1, sum1);
+        else
+          src.aggregate(one, cnt1, sum1);
+      } else {
+        src.aggregate(one, cnt1, sum1);
+      }
+      if (accepted) return r;
       FLASHINFER_HD_UNROLL
       for (int m = 0; m < kRejectPivots; ++m) {
         piv[m] = one[0];

@@ -155,8 +155,18 @@ struct GlobalSource {
   // partial counts / masses / extremes per pivot (vector k feeds partial k % kG), so kG
   // independent add chains per pivot, folded in a fixed order: deterministic. Counts are
   // floats (a predicated add each; exact: a thread sees far fewer than 2^24 elements).
+  //
+  // early (P == 1, later passes): after each chunk, the mass of the candidates at or below
+  // piv[0] so far (the chunk's mass in column early->column of the last pass, minus its mass
+  // above piv[0]) is compared with early->bound; once above it the pass stops and returns true
+  // (the table and sums are then incomplete).
+  struct Early {
+    int column;
+    float bound;
+  };
   template <int P, bool kFirst>
-  FLASHINFER_DEVICE void row_pass(const uint32_t (&piv)[P], int (&cnt)[P], float (&sum)[P], RowStats* st) {
+  FLASHINFER_DEVICE bool row_pass(const uint32_t (&piv)[P], int (&cnt)[P], float (&sum)[P], RowStats* st,
+                                  const Early* early = nullptr) {
     constexpr int kG0 = P >= 8 ? 1 : 8 / P;
     constexpr int kG = kG0 < kSV ? kG0 : kSV;
     const int lane = blk::lane(), w = blk::warp(), nw = blk::warps();
@@ -177,6 +187,7 @@ struct GlobalSource {
       mn[g] = INFINITY;
     }
     const int tile = L.tile;
+    float run_above = 0.f, run_cand = 0.f;  // (early)
     for (int c = 0; c < L.chunks; ++c) {
       float s[kG][P];
       FLASHINFER_UNROLL
@@ -227,6 +238,18 @@ struct GlobalSource {
         const float ws = blk::warp_sum(v);
         if (lane == 0) table()[(c * nw + w) * kTableCols + m] = ws;
       }
+      if (P == 1 && !kFirst && early) {  // (uniform: every thread folds the same values)
+        __syncthreads();
+        float above = 0.f;
+        for (int j = 0; j < nw; ++j) above += table()[(c * nw + j) * kTableCols];
+        run_above += above;
+        run_cand += csum()[c * kTableCols + early->column];
+        if (run_cand - run_above > early->bound) {
+          __syncthreads();  // (every thread has read the table and csum: the next pass rewrites them)
+          ++passes;
+          return true;
+        }
+      }
     }
     __syncthreads();
     for (int c = w; c < L.chunks; c += nw) {
@@ -264,6 +287,7 @@ struct GlobalSource {
       st->total = sum[0];
     }
     ++passes;
+    return false;
   }
 
   // Pass 0: stats of the elements above `pivot`, and column 0 of the table for them.
@@ -282,6 +306,17 @@ struct GlobalSource {
     const int b = static_cast<int>(threadIdx.x) * per;
     *begin = b < list_n ? b : list_n;
     *end = b + per < list_n ? b + per : list_n;
+  }
+
+  static constexpr bool kEarlyAccept = true;  // (sampling.h: aggregate_or_accept)
+  FLASHINFER_DEVICE bool aggregate_or_accept(const uint32_t (&piv)[1], int column, float bound, int (&cnt)[1],
+                                             float (&sum)[1]) {
+    if (listed) {
+      aggregate<1>(piv, cnt, sum);
+      return false;
+    }
+    const Early e{column, bound};
+    return row_pass<1, false>(piv, cnt, sum, nullptr, &e);
   }
 
   template <int P>

@@ -60,7 +60,9 @@ void check_membership() {
 void check_cache_and_alignment() {
   const int V = 20001, R = 2;
   const std::vector<float> buf = long_rows(R, V);
-  const RowFilter fs[] = {{0, 1.f, 0.f}, {50, 0.9f, 0.f}, {0, 1.f, 0.1f}, {9000, 0.8f, 0.f}};
+  // (pure top-p and top-p with min-p: the first draw's check may stop after a chunk)
+  const RowFilter fs[] = {{0, 1.f, 0.f},  {50, 0.9f, 0.f},   {0, 1.f, 0.1f},
+                          {9000, 0.8f, 0.f}, {0, 0.9f, 0.f}, {0, 0.5f, 0.001f}};
   for (const RowFilter& f : fs) {
     for (Mode mode : {Mode::kJoint, Mode::kTopKFirst}) {
       if (mode == Mode::kTopKFirst && (f.top_k == 0 || f.min_p != 0.f)) continue;
