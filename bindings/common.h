@@ -176,9 +176,8 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
-// PDL needs compute capability 9.0+; asked once per device, then cached.
-// Programmatic dependent launch on `device` (sm_90+), unless FLASHINFER_PDL=0 (read once: a
-// switch for measurements and debugging).
+// Programmatic dependent launch on `device`: compute capability 9.0+ (asked once per device,
+// then cached), unless FLASHINFER_PDL=0 (read once: a switch for measurements and debugging).
 inline bool device_supports_pdl(int device) {
   static const bool off = [] {
     const char* e = std::getenv("FLASHINFER_PDL");
