@@ -43,8 +43,12 @@ class Timer:
 
     def gpu_us(self, fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> Stats:
         torch = self.torch
-        for _ in range(warmup):
+        for _ in range(warmup):  # the timed sequence itself (flush, events, op), first uses included
+            self.flush.zero_()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
             fn()
+            e1.record()
         torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
