@@ -24,6 +24,7 @@ namespace sampling {
 // includes the padding).
 template <typename T>
 struct RowReader {
+  static constexpr bool kCached = true;  // leading elements in shared memory (cache_elems)
   static constexpr int kVec = 16 / sizeof(T);
   using Raw = Vec<T, kVec>;
   const T* row = nullptr;
@@ -88,6 +89,7 @@ struct RowReader {
 // relu(target - draft) of two fp32 rows (speculative resampling); nothing cached; -inf past
 // the end.
 struct DiffReader {
+  static constexpr bool kCached = false;
   static constexpr int kVec = 4;
   using Raw = Vec<float, 4>;
   const float* target = nullptr;
@@ -144,6 +146,14 @@ struct GlobalSource {
   FLASHINFER_DEVICE int elem(int step, int k) const {
     return ((step * kSV + k) * L.threads + static_cast<int>(threadIdx.x)) * kVec;
   }
+  // Chunk c lies wholly in the shared-memory cache.
+  FLASHINFER_DEVICE bool chunk_cached(int c) const {
+    if constexpr (Reader::kCached) {
+      return int64_t{step_end(c)} * kSV * L.tile <= rd.cache_elems;
+    } else {
+      return false;
+    }
+  }
   FLASHINFER_DEVICE int step_end(int c) const {
     const int e = (c + 1) * L.steps_per_chunk;
     return e < L.steps ? e : L.steps;
@@ -156,10 +166,12 @@ struct GlobalSource {
   // independent add chains per pivot, folded in a fixed order: deterministic. Counts are
   // floats (a predicated add each; exact: a thread sees far fewer than 2^24 elements).
   //
-  // early (P == 1, later passes): after each chunk, the mass of the candidates at or below
-  // piv[0] so far (the chunk's mass in column early->column of the last pass, minus its mass
-  // above piv[0]) is compared with early->bound; once above it the pass stops and returns true
-  // (the table and sums are then incomplete).
+  // early (P == 1, later passes): after each chunk (L.early == 2: each chunk read wholly from
+  // the shared-memory cache, so no barrier drains loads in flight from global memory), the
+  // mass of the candidates at or below piv[0] so far (the chunk's mass in column
+  // early->column of the last pass, minus its mass above piv[0]) is compared with
+  // early->bound; once above it the pass stops and returns true (the table and sums are then
+  // incomplete).
   struct Early {
     int column;
     float bound;
@@ -238,7 +250,7 @@ struct GlobalSource {
         const float ws = blk::warp_sum(v);
         if (lane == 0) table()[(c * nw + w) * kTableCols + m] = ws;
       }
-      if (P == 1 && !kFirst && early) {  // (uniform: every thread folds the same values)
+      if (P == 1 && !kFirst && early && (L.early == 1 || chunk_cached(c))) {  // (uniform)
         __syncthreads();
         float above = 0.f;
         for (int j = 0; j < nw; ++j) above += table()[(c * nw + j) * kTableCols];
@@ -311,7 +323,7 @@ struct GlobalSource {
   static constexpr bool kEarlyAccept = true;  // (sampling.h: aggregate_or_accept)
   FLASHINFER_DEVICE bool aggregate_or_accept(const uint32_t (&piv)[1], int column, float bound, int (&cnt)[1],
                                              float (&sum)[1]) {
-    if (listed) {
+    if (listed || L.early == 0) {
       aggregate<1>(piv, cnt, sum);
       return false;
     }

@@ -559,3 +559,21 @@ def test_cupy_inputs():
     assert isinstance(s, cupy.ndarray) and s.dtype == cupy.int32 and int(s.max()) < 1000
     out = fs.softmax(p.astype(cupy.float16))
     assert isinstance(out, cupy.ndarray) and out.dtype == cupy.float32
+
+
+@pytest.mark.parametrize("mode", ["0", "2"])
+def test_top_p_early_accept_modes(mode):
+    """The top-p early accept's other settings (FLASHINFER_SAMPLING_EARLY: 0 off, 2 checks after
+    cached chunks only; the default, 1, runs in every other test): top-p statistics and set
+    membership on long and adversarial rows. A fresh interpreter, since the knob is read once."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLASHINFER_SAMPLING_EARLY=mode)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                        "test_top_p_distribution or (test_draws_stay_in_the_set and (top_p or min_p)) or "
+                        "test_per_row_parameters_and_draw_statistics"],
+                       env=env, capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout

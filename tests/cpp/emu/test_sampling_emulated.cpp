@@ -22,13 +22,15 @@ using emu::ft;
 using emu::tf;
 
 constexpr int64_t kBudget = 200 << 10;
+int g_early = 1;  // ScanLayout::early of run_sampling's launches
 
 // SamplingKernel over rows [R, V] (row stride V), `batch` outputs; filters as the binding sets them.
 Out run_sampling(const std::vector<float>& buf, int R, int V, int64_t batch, const int* indices, RowFilter f,
                  int filters, uint64_t seed, int64_t budget, const int* karr = nullptr, const float* parr = nullptr) {
   Out o(batch);
   const SamplingParams<int> sp = sampling_params(buf, R, V, batch, indices, f, filters, seed, o, karr, parr);
-  const ScanLayout L = scan_layout(V, 4, sp.top_k_first, budget);
+  ScanLayout L = scan_layout(V, 4, sp.top_k_first, budget);
+  L.early = g_early;
   emu::launch(SamplingKernel<int>, unsigned(batch), unsigned(L.threads), size_t(L.smem_bytes), sp, L);
   return o;
 }
@@ -71,6 +73,16 @@ void check_cache_and_alignment() {
       const Out b = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, 0);
       const Out c = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, 90 << 10);
       CHECK(a.idx == b.idx && a.idx == c.idx);
+      // The top-p early accept only settles a draw sooner (these rows have no draw at the set's
+      // boundary): with it off (0), after every chunk (1) or after cached chunks only (2), the
+      // same tokens after the same number of draws.
+      for (int mode : {0, 2}) {
+        g_early = mode;
+        const Out e = run_sampling(buf, R, V, 3, nullptr, f, fl, 3, 90 << 10);
+        g_early = 1;
+        CHECK(e.idx == c.idx);
+        for (int r = 0; r < R; ++r) CHECK(e.stats[2 * r] == c.stats[2 * r]);
+      }
       for (int r = 0; r < R; ++r) {
         const std::vector<float> row(buf.begin() + size_t(r) * V, buf.begin() + size_t(r + 1) * V);
         CHECK(a.valid[r] == 1 && exact_set(row, f, mode, 1e-5)[a.idx[r]]);
