@@ -137,6 +137,19 @@ void on_device(const char* op, int dev, F&& f) {
   if (err != cudaSuccess) fb::throw_cuda(op, err);
 }
 
+// run(T{}) for the value type of the renorm / mask / top-k kernels: fp16, bf16, else fp32 (the
+// caller has checked the dtype; every sampling kernel is instantiated for all three).
+template <class F>
+void with_value_type(fb::DType dt, F&& run) {
+  if (dt == fb::DType::kF16) {
+    run(__half{});
+  } else if (dt == fb::DType::kBF16) {
+    run(__nv_bfloat16{});
+  } else {
+    run(float{});
+  }
+}
+
 enum Filter : int { kTopK = 1, kTopP = 2, kMinP = 4, kTopKFirst = 8 };
 
 // Every sampler over probabilities: `filters` selects top-k / top-p / min-p (joint) or
@@ -256,13 +269,7 @@ void renorm(const char* op, int kind, MutTensor input, MutTensor out, OptTensor 
     rp.pdl = pdl && fb::device_supports_pdl(dev);
     on_device(op, dev, [&] { return fs::Renorm(rp, fb::as_stream(stream)); });
   };
-  if (dt == fb::DType::kF16) {
-    run(__half{});
-  } else if (dt == fb::DType::kBF16) {
-    run(__nv_bfloat16{});
-  } else {
-    run(float{});
-  }
+  with_value_type(dt, run);
 }
 
 void softmax(MutTensor logits, MutTensor out, OptTensor temperature_arr, double temperature, uintptr_t stream,
@@ -431,13 +438,7 @@ void top_k(MutTensor input, MutTensor values, MutTensor indices, int64_t k, int 
     tp.pdl = pdl && fb::device_supports_pdl(dev);
     on_device(op, dev, [&] { return fs::TopK(tp, fb::as_stream(stream)); });
   };
-  if (dt == fb::DType::kF16) {
-    run(__half{});
-  } else if (dt == fb::DType::kBF16) {
-    run(__nv_bfloat16{});
-  } else {
-    run(float{});
-  }
+  with_value_type(dt, run);
 }
 
 }  // namespace

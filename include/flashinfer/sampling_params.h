@@ -177,19 +177,24 @@ struct ScanLayout {
 
 FLASHINFER_HOST_DEVICE int64_t align16(int64_t x) { return (x + 15) / 16 * 16; }
 
+// Block size (kStepElems per thread for `spread` elements, 32..kMaxThreads), tile, steps and
+// chunks of a scan over n elements (l->vec set).
+inline void scan_shape(ScanLayout* l, int64_t spread, int64_t n) {
+  const int64_t t = round_up<int64_t>(ceil_div<int64_t>(spread, kStepElems), 32);
+  l->threads = static_cast<int>(t < 32 ? 32 : (t > kMaxThreads ? kMaxThreads : t));
+  l->tile = l->threads * l->vec;
+  l->steps = static_cast<int>(ceil_div<int64_t>(n, int64_t{l->threads} * kStepElems));
+  l->steps_per_chunk = ceil_div(l->steps, kMaxChunks);
+  l->chunks = ceil_div(l->steps, l->steps_per_chunk);
+}
+
 // elem_bytes: 4 (fp32) or 2 (fp16/bf16). want_list: the kernel may gather candidates.
 // smem_budget: dynamic shared memory one block may use.
 inline ScanLayout scan_layout(int vocab, int elem_bytes, bool want_list, int64_t smem_budget) {
   ScanLayout l;
   l.vec = 16 / elem_bytes;
   const int64_t vecs = ceil_div<int64_t>(vocab > 0 ? vocab : 1, l.vec);
-  int64_t t = round_up<int64_t>(ceil_div<int64_t>(vecs * l.vec, kStepElems), 32);
-  l.threads = static_cast<int>(t < 32 ? 32 : (t > kMaxThreads ? kMaxThreads : t));
-  l.tile = l.threads * l.vec;
-  const int64_t step_elems = int64_t{l.threads} * kStepElems;
-  l.steps = static_cast<int>(ceil_div<int64_t>(vocab > 0 ? vocab : 1, step_elems));
-  l.steps_per_chunk = ceil_div(l.steps, kMaxChunks);
-  l.chunks = ceil_div(l.steps, l.steps_per_chunk);
+  scan_shape(&l, vecs * l.vec, vocab > 0 ? vocab : 1);
   l.list_cap = want_list ? (vocab < kListCapacity ? vocab : kListCapacity) : 0;
   const int warps = l.threads / 32;
   const int64_t table = int64_t{l.chunks} * warps * kTableCols * 4;
@@ -257,13 +262,7 @@ inline int cluster_slice(int vocab, int size) {
 inline ScanLayout slice_layout(int slice) {
   ScanLayout l;
   l.vec = 4;
-  int64_t t = round_up<int64_t>(ceil_div<int64_t>(slice, kStepElems), 32);
-  l.threads = static_cast<int>(t < 32 ? 32 : (t > kMaxThreads ? kMaxThreads : t));
-  l.tile = l.threads * l.vec;
-  const int64_t step_elems = int64_t{l.threads} * kStepElems;
-  l.steps = static_cast<int>(ceil_div<int64_t>(slice > 0 ? slice : 1, step_elems));
-  l.steps_per_chunk = ceil_div(l.steps, kMaxChunks);
-  l.chunks = ceil_div(l.steps, l.steps_per_chunk);
+  scan_shape(&l, slice, slice > 0 ? slice : 1);
   l.list_cap = 0;
   // Whole tiles: the first pass fills every cached position (padding past the slice is -inf).
   l.cache_elems = static_cast<int>(round_up<int64_t>(slice > 0 ? slice : 1, l.tile));

@@ -193,12 +193,16 @@ def test_page_size_one_forms(layout):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 8, 64), (16, 2, 256)])
 def test_single_decode(kv_len, layout, hq, hkv, d):
-    dtype = torch.bfloat16 if kv_len % 2 else torch.float16
+    check_single(kv_len, layout, hq, hkv, d, torch.bfloat16 if kv_len % 2 else torch.float16, False)
+
+
+def check_single(kv_len, layout, hq, hkv, d, dtype, use_tc):
+    """single_decode_with_kv_cache on a random contiguous cache against the float64 reference."""
     q = torch.randn(hq, d, dtype=dtype, device=CUDA)
     shape = (kv_len, hkv, d) if layout == "NHD" else (hkv, kv_len, d)
     k = torch.randn(shape, dtype=dtype, device=CUDA)
     v = torch.randn(shape, dtype=dtype, device=CUDA)
-    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, layout, return_lse=True)
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, layout, use_tensor_cores=use_tc, return_lse=True)
     kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
     ro, rl = decode_one(q, kk, vv, sm_scale=1 / math.sqrt(d))
     assert_attention_close(o, ro)
@@ -248,16 +252,7 @@ def test_extreme_scores():
 def test_single_decode_tensor_cores(kv_len, layout):
     """single_decode_with_kv_cache(use_tensor_cores=True): contiguous KV through the tensor-core
     kernel, lengths around its 64-key stage."""
-    hq, hkv, d = 32, 8, 128
-    q = torch.randn(hq, d, dtype=torch.bfloat16, device=CUDA)
-    shape = (kv_len, hkv, d) if layout == "NHD" else (hkv, kv_len, d)
-    k = torch.randn(shape, dtype=torch.bfloat16, device=CUDA)
-    v = torch.randn(shape, dtype=torch.bfloat16, device=CUDA)
-    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, layout, use_tensor_cores=True, return_lse=True)
-    kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
-    ro, rl = decode_one(q, kk, vv, sm_scale=1 / math.sqrt(d))
-    assert_attention_close(o, ro)
-    assert_lse_close(lse, rl)
+    check_single(kv_len, layout, 32, 8, 128, torch.bfloat16, True)
 
 
 @pytest.mark.parametrize("use_tc", [False, True])
