@@ -212,13 +212,14 @@ inline int sampling_cluster_env() {
 }
 
 // FLASHINFER_SAMPLING_EARLY (read once; ScanLayout::early of the one-block kernel): the top-p
-// early accept's checks, 0 off, 1 after every chunk (default; H200 top_p b256 115.6 -> 111.7 us,
-// b64 58.1 -> 62.3), 2 after chunks read from the shared-memory cache only (not yet measured).
+// early accept's checks: 0 off, 1 after every chunk, 2 after chunks read from the shared-memory
+// cache only (default). H200 top_p, batch 64 / 256 (us): off 58.8 / 118.0, 1: 63.1 / 111.9,
+// 2: 61.1 / 110.0 (benchmarks/sweeps/sampling_early.txt; peaked rows alike).
 inline int sampling_early_env() {
   static const int v = [] {
     const char* e = std::getenv("FLASHINFER_SAMPLING_EARLY");
-    const int n = e ? std::atoi(e) : 1;
-    return n < 0 || n > 2 ? 1 : n;
+    const int n = e ? std::atoi(e) : 2;
+    return n < 0 || n > 2 ? 2 : n;
   }();
   return v;
 }

@@ -168,7 +168,7 @@ struct ScanLayout {
   int chunks = 1;
   int cache_elems = 0;  // leading elements kept in shared memory (whole tiles, <= vocab)
   int list_cap = 0;     // gathered-candidate capacity
-  int early = 1;        // top-p early accept: 0 off, 1 checked after every chunk, 2 after cached chunks only
+  int early = 2;        // top-p early accept: 0 off, 1 checked after every chunk, 2 after cached chunks only
   // dynamic shared memory, bytes from its start: scratch, row cache (at kScratchBytes), mass
   // table, chunk masses, list values, list indices, cluster exchange (cluster path only);
   // every part 16-byte aligned
