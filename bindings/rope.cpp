@@ -153,11 +153,16 @@ void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, u
   check.begin(op, stream);
   fb::with_dtype(op, dt, [&](auto tag) {
     using T = decltype(tag);
+    const bool pdl = fb::device_supports_pdl(dev);  // a PDL launch enqueues ~0.5 us faster on the H200
     cudaError_t e;
     if (idt == fb::DType::kI32) {
-      e = flashinfer::rope::Rope(make_params<T, int32_t>(a, check.device_ptr()), stream);
+      auto p = make_params<T, int32_t>(a, check.device_ptr());
+      p.pdl = pdl;
+      e = flashinfer::rope::Rope(p, stream);
     } else {
-      e = flashinfer::rope::Rope(make_params<T, int64_t>(a, check.device_ptr()), stream);
+      auto p = make_params<T, int64_t>(a, check.device_ptr());
+      p.pdl = pdl;
+      e = flashinfer::rope::Rope(p, stream);
     }
     if (e != cudaSuccess) fb::throw_cuda(op, e);
   });

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "index_check.h"
+#include "math.cuh"
 #include "page.h"
 #include "utils.cuh"
 
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(append_max_threads(kV))
   const int64_t i = idx <= 0xffffffffLL ? int64_t{static_cast<uint32_t>(idx) / slots} : idx / l.slots_per_token;
   const uint32_t s = static_cast<uint32_t>(idx - i * l.slots_per_token);
   const bool live = i < p.nnz;
+  pdl_wait();  // (launched with PDL: the previous kernel's writes are visible past this)
   int64_t b = 0, pos = 0;
   if (live) {
     b = static_cast<int64_t>(p.batch_indices[i]);
@@ -117,12 +119,12 @@ cudaError_t AppendPagedKV(const AppendPagedKVParams<T, IdType>& p, cudaStream_t 
   if (l.blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;  // validate() bounds every tuning
   const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
   if (!l.vectorized) {
-    return launch(AppendPagedKVKernel<T, IdType, 1, kAppendScalarVecsPerThread>, grid, block, 0, stream, false, p, l);
+    return launch(AppendPagedKVKernel<T, IdType, 1, kAppendScalarVecsPerThread>, grid, block, 0, stream, p.pdl, p, l);
   }
   switch (l.vecs_per_thread) {
-    case 2: return launch(AppendPagedKVKernel<T, IdType, kE, 2>, grid, block, 0, stream, false, p, l);
-    case 4: return launch(AppendPagedKVKernel<T, IdType, kE, 4>, grid, block, 0, stream, false, p, l);
-    case 8: return launch(AppendPagedKVKernel<T, IdType, kE, 8>, grid, block, 0, stream, false, p, l);
+    case 2: return launch(AppendPagedKVKernel<T, IdType, kE, 2>, grid, block, 0, stream, p.pdl, p, l);
+    case 4: return launch(AppendPagedKVKernel<T, IdType, kE, 4>, grid, block, 0, stream, p.pdl, p, l);
+    case 8: return launch(AppendPagedKVKernel<T, IdType, kE, 8>, grid, block, 0, stream, p.pdl, p, l);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -161,6 +161,7 @@ struct AppendPagedKVParams {
   int64_t num_indices;    // elements of kv.indices
   int64_t max_num_pages;  // pages of the cache tensor
   int32_t* err;           // [2] or null: index errors recorded by index_check.h (opt-in)
+  bool pdl;               // launch with programmatic dependent launch (the kernel waits first)
 };
 
 // Thread = (token, slot): a slot moves vectors j, j + slots, ..., j + (V - 1) slots of the

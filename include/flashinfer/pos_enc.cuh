@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "index_check.h"
+#include "math.cuh"
 #include "pos_enc.h"
 #include "utils.cuh"
 #include "vec_dtypes.cuh"
@@ -26,6 +28,17 @@ FLASHINFER_DEVICE uint4 load_cs_ordered(const void* ptr) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(ptr));
   return r;
+}
+
+// The same for one 2-byte element.
+template <typename T>
+FLASHINFER_DEVICE T load_elem_cs_ordered(const T* ptr) {
+  static_assert(sizeof(T) == 2, "fp16 / bf16 elements");
+  unsigned short r;
+  asm volatile("ld.global.cs.u16 %0, [%1];" : "=h"(r) : "l"(ptr));
+  T v;
+  memcpy(&v, &r, 2);
+  return v;
 }
 
 // Position of token t in the indptr form: binary search for the last b with indptr[b] <= t
@@ -129,6 +142,7 @@ __global__ void __launch_bounds__(kRopeThreads, 3)
   const int half = static_cast<int>(p.rotary_dim / 2);
   int64_t t64, g64, u64;
   detail::decode_index(int64_t{blockIdx.x} * blockDim.x + threadIdx.x, l, &t64, &g64, &u64);
+  pdl_wait();  // (launched with PDL: the previous kernel's writes are visible past this)
   if (t64 >= p.nnz) return;
   const int t = static_cast<int>(t64);  // nnz < 2^31 (validate)
   // the position first: its load is the head of the longest dependent chain
@@ -217,28 +231,37 @@ __global__ void __launch_bounds__(kRopeThreads, 3)
   }
 }
 
-// Scalar path: any rotary_dim, head_dim and alignment. Unit u < rotary_dim/2 is pair u;
-// the rest copy one pass-through feature each.
+// Scalar path: any rotary_dim, head_dim and alignment, and the latency path of small launches
+// (rope_launch_config: one pair, so one sincos, per thread). Unit u < rotary_dim/2 is pair u;
+// the rest copy one pass-through feature each. Like the vectorised kernel it issues its first
+// head's loads before the position -> cos/sin chain.
 template <typename T, typename IdType>
 __global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch l, const RopeFreqTable tab) {
   const int64_t half = p.rotary_dim / 2;
   int64_t t, g, u;
   detail::decode_index(int64_t{blockIdx.x} * blockDim.x + threadIdx.x, l, &t, &g, &u);
+  pdl_wait();
   if (t >= p.nnz) return;
-  int64_t pos = 0;
-  if (p.pos_ids) {
-    pos = static_cast<int64_t>(p.pos_ids[t]);
-  } else if (!detail::indptr_position(p, t, &pos)) {
-    return;
-  }
+  int64_t pos = p.pos_ids ? static_cast<int64_t>(p.pos_ids[t]) : 0;
+  const bool rot = u < half;
+  const int64_t f0 = rot ? rope_pair_first(u, p.interleave) : p.rotary_dim + (u - half);
+  const int64_t f1 = rot ? rope_pair_second(u, p.rotary_dim, p.interleave) : f0;
+  const int64_t nh = p.num_q_heads + p.num_k_heads;
+  const int64_t h_begin = g * l.heads_per_group;
+  const int64_t h_end = h_begin + l.heads_per_group < nh ? h_begin + l.heads_per_group : nh;
+  auto in_of = [&](int64_t h) {
+    return h < p.num_q_heads ? p.q + t * p.q_stride_n + h * p.q_stride_h
+                             : p.k + t * p.k_stride_n + (h - p.num_q_heads) * p.k_stride_h;
+  };
+  const T* in = in_of(h_begin);
+  T x = detail::load_elem_cs_ordered(in + f0), y = detail::load_elem_cs_ordered(in + f1);
 
+  if (!p.pos_ids && !detail::indptr_position(p, t, &pos)) return;
   if (p.cos_sin_cache && (pos < 0 || pos >= p.max_pos)) {  // nothing is written for the token
     record_index_error(p.err, kPositionOutOfRange, t);
     return;
   }
-  const bool rot = u < half;
   float c = 1.f, s = 0.f;
-  int64_t f0, f1 = 0;
   if (rot) {
     if (p.cos_sin_cache) {
       const float* row = p.cos_sin_cache + pos * p.cache_stride;
@@ -247,29 +270,23 @@ __global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch
     } else {
       rope_sincos(rope_angle(pos, detail::inv_freq_of(p, tab, u)), &s, &c);
     }
-    f0 = rope_pair_first(u, p.interleave);
-    f1 = rope_pair_second(u, p.rotary_dim, p.interleave);
-  } else {
-    f0 = p.rotary_dim + (u - half);
   }
 
-  const int64_t nh = p.num_q_heads + p.num_k_heads;
-  const int64_t h_begin = g * l.heads_per_group;
-  const int64_t h_end = h_begin + l.heads_per_group < nh ? h_begin + l.heads_per_group : nh;
-  for (int64_t h = h_begin; h < h_end; ++h) {
-    const bool is_q = h < p.num_q_heads;
-    const T* in = is_q ? p.q + t * p.q_stride_n + h * p.q_stride_h
-                       : p.k + t * p.k_stride_n + (h - p.num_q_heads) * p.k_stride_h;
-    T* out = is_q ? p.q_out + t * p.q_out_stride_n + h * p.q_out_stride_h
-                  : p.k_out + t * p.k_out_stride_n + (h - p.num_q_heads) * p.k_out_stride_h;
+  for (int64_t h = h_begin;;) {
+    T* out = h < p.num_q_heads ? p.q_out + t * p.q_out_stride_n + h * p.q_out_stride_h
+                               : p.k_out + t * p.k_out_stride_n + (h - p.num_q_heads) * p.k_out_stride_h;
     if (rot) {
-      float x = to_float(in[f0]), y = to_float(in[f1]);
-      detail::rotate(x, y, c, s);
-      out[f0] = from_float<T>(x);
-      out[f1] = from_float<T>(y);
+      float fx = to_float(x), fy = to_float(y);
+      detail::rotate(fx, fy, c, s);
+      out[f0] = from_float<T>(fx);
+      out[f1] = from_float<T>(fy);
     } else {
-      out[f0] = in[f0];
+      out[f0] = x;
     }
+    if (++h >= h_end) break;
+    in = in_of(h);
+    x = in[f0];
+    y = in[f1];
   }
 }
 
@@ -282,6 +299,17 @@ inline int64_t heads_per_thread_override() {
     const char* e = std::getenv("FLASHINFER_ROPE_HEADS_PER_THREAD");
     const long n = e ? std::atol(e) : 0;
     return n > 0 ? static_cast<int64_t>(n) : int64_t{0};
+  }();
+  return v;
+}
+
+// FLASHINFER_ROPE_SCALAR_TOKENS=<n>: launches of at most n tokens take the scalar kernel
+// (rope_launch_config's small_tokens; a tuning knob for benchmarks, read once; unset: the
+// default kRopeScalarTokens, negative: never).
+inline int64_t scalar_tokens_setting() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("FLASHINFER_ROPE_SCALAR_TOKENS");
+    return e && *e ? static_cast<int64_t>(std::atol(e)) : kRopeScalarTokens;
   }();
   return v;
 }
@@ -328,14 +356,14 @@ cudaError_t Rope(const RopeParams<T, IdType>& p, cudaStream_t stream) {
   if (p.cos_sin_cache) aligned16 = aligned16 && aligned(p.cos_sin_cache) && p.cache_stride % 4 == 0;
   else aligned16 = aligned16 && p.rotary_dim / 2 <= kRopeParamFreqs;
   const RopeLaunch l = rope_launch_config(p.nnz, nh, p.head_dim, p.rotary_dim, p.in_place(), kE, aligned16,
-                                          detail::heads_per_thread_override());
+                                          detail::heads_per_thread_override(), detail::scalar_tokens_setting());
   if (l.units == 0) return cudaSuccess;
   if (l.blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   static const RopeFreqTable kNoTable{};
   const RopeFreqTable& tab = p.cos_sin_cache ? kNoTable : detail::freq_table(p.freq, p.rotary_dim);
   const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
-  if (l.vectorized) return launch(RopeKernel<T, IdType, kE>, grid, block, 0, stream, false, p, l, tab);
-  return launch(RopeScalarKernel<T, IdType>, grid, block, 0, stream, false, p, l, tab);
+  if (l.vectorized) return launch(RopeKernel<T, IdType, kE>, grid, block, 0, stream, p.pdl, p, l, tab);
+  return launch(RopeScalarKernel<T, IdType>, grid, block, 0, stream, p.pdl, p, l, tab);
 }
 
 }  // namespace rope

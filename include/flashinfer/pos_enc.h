@@ -99,6 +99,7 @@ struct RopeParams {
   RopeFreq freq;
   bool interleave;
   int32_t* err;  // [2] or null: index errors recorded by index_check.cuh (opt-in)
+  bool pdl;      // launch with programmatic dependent launch (the kernels wait first)
 
   // Output aliases input exactly: the pass-through features need no copy.
   bool in_place() const {
@@ -170,15 +171,22 @@ constexpr int64_t kRopeHeadChunk = 4;
 // 1024), the grid is latency-bound: one head per thread, so more SMs share the work.
 constexpr int64_t kRopeSmallThreads = int64_t{132} * 256;
 
+// Launches of at most this many tokens are latency-bound: the scalar kernel, one pair (one
+// sincos) per thread, finishes sooner than a vector unit's kE / 2 sincos per thread.
+constexpr int64_t kRopeScalarTokens = 16;
+
 // vec_elems: elements of a 16-byte vector. aligned16: every base pointer is 16-byte aligned
 // and every q/k stride is a multiple of vec_elems. heads_per_thread: 0 = the default
 // (kRopeHeadChunk; 1 for small grids); otherwise the heads a thread rotates (rounded up to a
 // multiple of kRopeHeadChunk above it), e.g. from FLASHINFER_ROPE_HEADS_PER_THREAD.
+// small_tokens: nnz up to this takes the scalar kernel (e.g. FLASHINFER_ROPE_SCALAR_TOKENS).
 inline RopeLaunch rope_launch_config(int64_t nnz, int64_t num_heads, int64_t head_dim, int64_t rotary_dim,
-                                     bool in_place, int vec_elems, bool aligned16, int64_t heads_per_thread = 0) {
+                                     bool in_place, int vec_elems, bool aligned16, int64_t heads_per_thread = 0,
+                                     int64_t small_tokens = kRopeScalarTokens) {
   RopeLaunch l;
   const int64_t half = rotary_dim / 2;
-  l.vectorized = aligned16 && vec_elems > 1 && half % vec_elems == 0 && head_dim % vec_elems == 0;
+  l.vectorized = aligned16 && vec_elems > 1 && half % vec_elems == 0 && head_dim % vec_elems == 0 &&
+                 nnz > small_tokens;
   if (l.vectorized) {
     l.vec_elems = vec_elems;
     l.rot_units = half / vec_elems;

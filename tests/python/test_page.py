@@ -275,6 +275,9 @@ def test_bad_indices_are_skipped():
     (2, 0, -3, r"positions\[2\] = -3 is negative"),
     (3, 0, 8, r"positions\[3\] = 8 of request 0 lies beyond its pages"),
     (4, -1, 0, r"batch_indices\[4\] = -1 is outside \[0, 2\)"),
+    # token 1 of request 1: the kernel's guessed request (min(token, batch_size - 1)) was right
+    (1, 1, -3, r"positions\[1\] = -3 is negative"),
+    (1, 1, 40, r"positions\[1\] = 40 of request 1 lies beyond its pages"),
 ])
 def test_bad_indices_raise_when_checked(check_indices, row, bi_val, pos_val, message):
     cache, k, v, indices, indptr, last, bi, pos, key, value = bad_index_case()

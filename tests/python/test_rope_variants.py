@@ -1,11 +1,15 @@
 """GPU tests for the RoPE launch variants the kernel picks by size and layout (see
 rope_launch_config in include/flashinfer/pos_enc.h), each against the float64 references:
 
-* one head per thread (small grids: 1 and 64 tokens of 32 + 8 heads) and a chunk of 4 heads per
-  thread (large grids: 1000+ tokens), including head counts that leave a partial chunk, copy
-  units (rotary_dim < head_dim, not in place) and both pair layouts;
+* the scalar kernel (launches of <= 16 tokens: 1 token), one head per thread (small grids: 64
+  tokens of 32 + 8 heads) and a chunk of 4 heads per thread (large grids: 1000+ tokens),
+  including head counts that leave a partial chunk, copy units (rotary_dim < head_dim, not in
+  place) and both pair layouts;
 * FLASHINFER_ROPE_HEADS_PER_THREAD (read once per process, so each value runs in a subprocess):
   1, 6 (rounded to 8: a thread loops over two chunks) and 40 (all heads of a token);
+* FLASHINFER_ROPE_SCALAR_TOKENS (launches of at most that many tokens take the scalar kernel,
+  default 16): -1 puts 1-token launches on the vectorised kernel, 100000 every launch on the
+  scalar one;
 * the scalar kernel's cases that are new: rotary_dim past the launch's inv_freq table
   (rotary_dim / 2 > 256, computed on the device) and cos/sin caches whose rows are not
   16-byte aligned;
@@ -111,7 +115,7 @@ def test_indptr_form_sizes(dtype, nnz, llama31):
     assert_close(got_k, ref.rope(k, pos, **kw), "k")
 
 
-# --- FLASHINFER_ROPE_HEADS_PER_THREAD --------------------------------------------------------------
+# --- FLASHINFER_ROPE_HEADS_PER_THREAD / FLASHINFER_ROPE_SCALAR_TOKENS -----------------------------------------------------------
 
 _CHILD = textwrap.dedent("""
     import sys, torch, flashinfer
@@ -138,10 +142,14 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("heads_per_thread", ("1", "6", "40"))
-def test_heads_per_thread_override(heads_per_thread):
+@pytest.mark.parametrize("var, value", [("FLASHINFER_ROPE_HEADS_PER_THREAD", "1"),
+                                        ("FLASHINFER_ROPE_HEADS_PER_THREAD", "6"),
+                                        ("FLASHINFER_ROPE_HEADS_PER_THREAD", "40"),
+                                        ("FLASHINFER_ROPE_SCALAR_TOKENS", "-1"),
+                                        ("FLASHINFER_ROPE_SCALAR_TOKENS", "100000")])
+def test_launch_overrides(var, value):
     tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, FLASHINFER_ROPE_HEADS_PER_THREAD=heads_per_thread)
+    env = dict(os.environ, **{var: value})
     r = subprocess.run([sys.executable, "-c", _CHILD.format(tests=tests)], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr

@@ -138,7 +138,7 @@ void test_launch_config() {
               for (int64_t hpt : {0, 1, 4, 6, 8, 40, 100}) {
                 const rope::RopeLaunch l = rope::rope_launch_config(nnz, heads, hd, rd, in_place, 8, aligned, hpt);
                 const int64_t half = rd / 2;
-                CHECK(l.vectorized == (aligned && half % 8 == 0 && hd % 8 == 0));
+                CHECK(l.vectorized == (aligned && half % 8 == 0 && hd % 8 == 0 && nnz > rope::kRopeScalarTokens));
                 const int64_t e = l.vec_elems;
                 // rotary units cover [0, rd); copy units cover [rd, hd) unless in place
                 CHECK(l.rot_units * e == half);
@@ -176,6 +176,12 @@ void test_launch_config() {
   CHECK(rope::rope_launch_config(32768, 40, 128, 128, false, 8, true).head_groups == 10);
   // an override is honoured even for small grids
   CHECK(rope::rope_launch_config(1, 40, 128, 128, false, 8, true, 8).heads_per_group == 8);
+  // launches of up to small_tokens tokens take the scalar kernel, one pair per thread
+  const rope::RopeLaunch one = rope::rope_launch_config(1, 40, 128, 128, true, 8, true);
+  CHECK(!one.vectorized && one.units == 64 && one.heads_per_group == 1 && one.blocks * one.threads >= 40 * 64);
+  CHECK(rope::rope_launch_config(rope::kRopeScalarTokens + 1, 40, 128, 128, true, 8, true).vectorized);
+  CHECK(rope::rope_launch_config(1, 40, 128, 128, true, 8, true, 0, -1).vectorized);
+  CHECK(!rope::rope_launch_config(4096, 40, 128, 128, true, 8, true, 0, 4096).vectorized);
 }
 
 // rope_sincos against long double sin/cos of the same fp32 angle, over the angles RoPE makes
