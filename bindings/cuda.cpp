@@ -6,7 +6,7 @@
 #include "common.h"
 
 namespace flashinfer_bind {
-cudaError_t launch_empty(cudaStream_t stream, bool pdl);  // cuda_probe.cu
+cudaError_t launch_empty(cudaStream_t stream, bool pdl, int path);  // cuda_probe.cu
 }
 namespace fb = flashinfer_bind;
 namespace nb = nanobind;
@@ -36,14 +36,15 @@ NB_MODULE(_cuda, m) {
         return std::make_pair(major, minor);
       },
       "device"_a);
-  // Launches an empty kernel: the host cost of a bare launch (a benchmark probe).
+  // Launches an empty kernel: the host cost of a bare launch (a benchmark probe). path: 0 the
+  // bindings' launcher (cudaLaunchKernelEx), 1 <<<...>>>, 2 the driver's cuLaunchKernelEx.
   m.def(
       "launch_empty",
-      [](uintptr_t stream, bool pdl) {
-        const cudaError_t err = fb::launch_empty(fb::as_stream(stream), pdl);
+      [](uintptr_t stream, bool pdl, int path) {
+        const cudaError_t err = fb::launch_empty(fb::as_stream(stream), pdl, path);
         if (err != cudaSuccess) fb::throw_cuda("launch_empty", err);
       },
-      "stream"_a, "pdl"_a = false);
+      "stream"_a, "pdl"_a = false, "path"_a = 0);
   m.def("runtime_version", []() {
     int v = 0;
     cudaRuntimeGetVersion(&v);
