@@ -310,7 +310,7 @@ void get_batch_indices_positions(MutTensor append_indptr, MutTensor seq_lens, Mu
 void set_append_tuning(int vecs_per_thread, int threads) {
   namespace pk = flashinfer::paged_kv;
   if (!pk::valid_append_vpt(vecs_per_thread))
-    fb::fail("_set_tuning: vecs_per_thread must be 0 (auto), 2, 4 or 8; got " + str(vecs_per_thread));
+    fb::fail("_set_tuning: vecs_per_thread must be 0 (auto), 1, 2, 4 or 8; got " + str(vecs_per_thread));
   if (!pk::valid_append_threads(threads))
     fb::fail("_set_tuning: threads must be 0 (auto), 128, 256, 512 or 1024; got " + str(threads));
   pk::append_tuning() = pk::AppendTuning{vecs_per_thread, threads};

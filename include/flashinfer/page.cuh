@@ -122,6 +122,7 @@ cudaError_t AppendPagedKV(const AppendPagedKVParams<T, IdType>& p, cudaStream_t 
     return launch(AppendPagedKVKernel<T, IdType, 1, kAppendScalarVecsPerThread>, grid, block, 0, stream, p.pdl, p, l);
   }
   switch (l.vecs_per_thread) {
+    case 1: return launch(AppendPagedKVKernel<T, IdType, kE, 1>, grid, block, 0, stream, p.pdl, p, l);
     case 2: return launch(AppendPagedKVKernel<T, IdType, kE, 2>, grid, block, 0, stream, p.pdl, p, l);
     case 4: return launch(AppendPagedKVKernel<T, IdType, kE, 4>, grid, block, 0, stream, p.pdl, p, l);
     case 8: return launch(AppendPagedKVKernel<T, IdType, kE, 8>, grid, block, 0, stream, p.pdl, p, l);

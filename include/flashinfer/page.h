@@ -166,16 +166,19 @@ struct AppendPagedKVParams {
 
 // Thread = (token, slot): a slot moves vectors j, j + slots, ..., j + (V - 1) slots of the
 // token's K row and the same of its V row (2 V loads in flight, all issued before the page
-// lookup), j over [0, heads * head_dim / E). V = vecs_per_thread (2, 4 or 8). With E = 8,
+// lookup), j over [0, heads * head_dim / E). V = vecs_per_thread (1, 2, 4 or 8). With E = 8,
 // 8 heads x 128 and V = 4 a token is one warp, and 4096 tokens fit one wave of the H200
 // (32 warps per SM at <= 64 registers): every load of the call is in flight at once.
+// Launches smaller than kAppendSmallThreads threads at V = 4 (decode steps) are latency-bound:
+// they take V = 1, four times the threads, each with a quarter of the instructions.
 constexpr int kAppendMaxVecsPerThread = 8;
 constexpr int kAppendDefaultVecsPerThread = 4;
+constexpr int64_t kAppendSmallThreads = int64_t{132} * 4 * 32;  // a warp per H200 scheduler
 constexpr int kAppendScalarVecsPerThread = 2;  // the unaligned (element-wise) kernel's V
 constexpr int kAppendThreads = 256;
 
 // Benchmark knobs, read once from the environment (tests may overwrite append_tuning()):
-//   FLASHINFER_APPEND_VPT     = 0 (auto: 4) | 2 | 4 | 8     16-byte vectors of K (and V) per thread
+//   FLASHINFER_APPEND_VPT     = 0 (auto: 4, small launches 1) | 1 | 2 | 4 | 8   16-byte vectors of K (and V) per thread
 //   FLASHINFER_APPEND_THREADS = 0 (auto: 256) | 128 | 256 | 512 | 1024   block size
 // Invalid values mean auto.
 struct AppendTuning {
@@ -187,7 +190,7 @@ struct AppendTuning {
 // (its 16 vectors in flight need more than 64 registers).
 FLASHINFER_HOST_DEVICE constexpr int append_max_threads(int vecs_per_thread) { return vecs_per_thread <= 4 ? 1024 : 512; }
 
-inline bool valid_append_vpt(int v) { return v == 0 || v == 2 || v == 4 || v == 8; }
+inline bool valid_append_vpt(int v) { return v == 0 || v == 1 || v == 2 || v == 4 || v == 8; }
 inline bool valid_append_threads(int t) { return t == 0 || t == 128 || t == 256 || t == 512 || t == 1024; }
 
 inline AppendTuning append_tuning_from(const char* vpt, const char* threads) {
@@ -224,13 +227,18 @@ inline AppendLaunch append_launch_config(int64_t nnz, int64_t num_heads, int64_t
   AppendLaunch l;
   l.vectorized = aligned16 && vec_elems > 1 && head_dim % vec_elems == 0;
   l.vec_elems = l.vectorized ? vec_elems : 1;
-  l.vecs_per_thread = !l.vectorized                  ? kAppendScalarVecsPerThread
-                      : valid_append_vpt(t.vecs_per_thread) && t.vecs_per_thread > 0 ? t.vecs_per_thread
-                                                                                    : kAppendDefaultVecsPerThread;
-  l.threads = valid_append_threads(t.threads) && t.threads > 0 ? t.threads : kAppendThreads;
-  if (l.threads > append_max_threads(l.vecs_per_thread)) l.threads = append_max_threads(l.vecs_per_thread);
   l.vecs_per_head = head_dim / l.vec_elems;
   l.vecs_per_token = num_heads * l.vecs_per_head;
+  if (!l.vectorized) {
+    l.vecs_per_thread = kAppendScalarVecsPerThread;
+  } else if (valid_append_vpt(t.vecs_per_thread) && t.vecs_per_thread > 0) {
+    l.vecs_per_thread = t.vecs_per_thread;
+  } else {
+    const int64_t threads = nnz * ceil_div<int64_t>(l.vecs_per_token, kAppendDefaultVecsPerThread);
+    l.vecs_per_thread = threads < kAppendSmallThreads ? 1 : kAppendDefaultVecsPerThread;
+  }
+  l.threads = valid_append_threads(t.threads) && t.threads > 0 ? t.threads : kAppendThreads;
+  if (l.threads > append_max_threads(l.vecs_per_thread)) l.threads = append_max_threads(l.vecs_per_thread);
   l.slots_per_token = ceil_div<int64_t>(l.vecs_per_token, l.vecs_per_thread);
   l.blocks = ceil_div<int64_t>(nnz * l.slots_per_token, l.threads);
   return l;

@@ -205,9 +205,9 @@ def test_append_large(page_size):
 
 
 # (vecs_per_thread, threads) of _page._set_tuning (FLASHINFER_APPEND_VPT / _THREADS): every
-# compiled kernel (V = 2 / 4 / 8) and block sizes that put several tokens, or a token's
-# slots across two blocks, in one block.
-APPEND_TUNINGS = {"auto": (0, 0), "v2": (2, 256), "v4-t128": (4, 128), "v4-t1024": (4, 1024),
+# compiled kernel (V = 1 / 2 / 4 / 8; auto takes 1 for the small launches, 4 for the rest) and
+# block sizes that put several tokens, or a token's slots across two blocks, in one block.
+APPEND_TUNINGS = {"auto": (0, 0), "v1": (1, 256), "v2": (2, 256), "v4-t128": (4, 128), "v4-t1024": (4, 1024),
                   "v8": (8, 512), "v8-t128": (8, 128)}
 
 

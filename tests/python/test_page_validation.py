@@ -261,7 +261,7 @@ def test_append_set_tuning_round_trip():
     try:
         _page._set_tuning(8, 128)
         assert _page._tuning() == (8, 128)
-        with pytest.raises(ValueError, match=re.escape("vecs_per_thread must be 0 (auto), 2, 4 or 8; got 3")):
+        with pytest.raises(ValueError, match=re.escape("vecs_per_thread must be 0 (auto), 1, 2, 4 or 8; got 3")):
             _page._set_tuning(3, 0)
         with pytest.raises(ValueError, match=re.escape("threads must be 0 (auto), 128, 256, 512 or 1024; got 96")):
             _page._set_tuning(0, 96)

@@ -218,11 +218,12 @@ void test_launch_config() {
             const AppendLaunch l = append_launch_config(nnz, heads, dim, 8, aligned, t);
             const int v = l.vecs_per_thread;
             CHECK(l.vectorized == (aligned && dim % 8 == 0));
-            CHECK(v == 2 || v == 4 || v == 8);
+            CHECK(v == 1 || v == 2 || v == 4 || v == 8);
             if (!l.vectorized) CHECK(v == paged_kv::kAppendScalarVecsPerThread);
-            if (l.vectorized) CHECK(v == (t.vecs_per_thread == 0 || t.vecs_per_thread == 3
-                                              ? paged_kv::kAppendDefaultVecsPerThread
-                                              : t.vecs_per_thread));
+            const int64_t at_default = nnz * ((l.vecs_per_token + 3) / 4);
+            const int auto_v = at_default < paged_kv::kAppendSmallThreads ? 1 : paged_kv::kAppendDefaultVecsPerThread;
+            if (l.vectorized) CHECK(v == (t.vecs_per_thread == 0 || t.vecs_per_thread == 3 ? auto_v
+                                                                                          : t.vecs_per_thread));
             const int want_threads = t.threads == 0 || t.threads == 96 ? paged_kv::kAppendThreads : t.threads;
             CHECK(l.threads == (want_threads < paged_kv::append_max_threads(v) ? want_threads
                                                                                : paged_kv::append_max_threads(v)));
@@ -254,8 +255,13 @@ void test_launch_config() {
     const paged_kv::AppendTuning d = paged_kv::append_tuning_from("8", "1024");  // V = 8: 512 at most
     CHECK(append_launch_config(4096, 8, 128, 8, true, d).threads == 512);
   }
+  // small launches (decode steps) take one vector per thread; large ones the default
+  CHECK(append_launch_config(1, 8, 128, 8, true).vecs_per_thread == 1);
+  CHECK(append_launch_config(64, 8, 128, 8, true).vecs_per_thread == 1);
+  CHECK(append_launch_config(4096, 8, 128, 8, true).vecs_per_thread == paged_kv::kAppendDefaultVecsPerThread);
+  CHECK(append_launch_config(1, 8, 128, 8, false).vecs_per_thread == paged_kv::kAppendScalarVecsPerThread);
   // slot s moves vectors s, s + slots, ...: every vector of a token exactly once
-  for (int v : {2, 4, 8}) {
+  for (int v : {1, 2, 4, 8}) {
     paged_kv::AppendTuning t;
     t.vecs_per_thread = v;
     for (int64_t heads : {1, 3, 8}) {
