@@ -8,7 +8,7 @@ import time
 import torch
 
 import flashinfer
-from flashinfer import _cuda, _ext, _norm
+from flashinfer import _cuda, _ext, _norm, _rope
 
 
 def med_us(fn, n=20000, batch=50):
@@ -34,6 +34,11 @@ def main():
     ao = torch.empty(1, 4096, dtype=torch.bfloat16, device="cuda")
     dl = torch._C._to_dlpack
     s = torch._C._cuda_getCurrentRawStream(0)
+    q = torch.randn(1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    pos = torch.zeros(1, dtype=torch.int32, device="cuda")
+    cache = torch.randn(4096, 128, dtype=torch.float32, device="cuda")
+    qf, kf = q.flatten(1), k.flatten(1)
     rows = [
         ("empty lambda", lambda: None),
         ("_cuda.launch_empty(s) (bare launch)", lambda: _cuda.launch_empty(s)),
@@ -41,6 +46,7 @@ def main():
         ("_cuda.launch_empty(s, path=1) (<<<>>>)", lambda: _cuda.launch_empty(s, False, 1)),
         ("_cuda.launch_empty(s, path=2) (driver cuLaunchKernelEx)", lambda: _cuda.launch_empty(s, False, 2)),
         ("_cuda.launch_empty(s, True, path=2) (driver, pdl)", lambda: _cuda.launch_empty(s, True, 2)),
+        ("_cuda.launch_empty(s, True, path=3) (1 KiB of parameters, pdl)", lambda: _cuda.launch_empty(s, True, 3)),
         ("torch._C._to_dlpack(x)", lambda: dl(x)),
         ("3 x _to_dlpack", lambda: (dl(x), dl(w), dl(o))),
         ("framework_of(x).stream(x)", lambda: _ext.framework_of(x).stream(x)),
@@ -54,6 +60,13 @@ def main():
         ("fused_add_rmsnorm(x, r, w)", lambda: flashinfer.fused_add_rmsnorm(x, r, w)),
         ("silu_and_mul(a, out=ao)", lambda: flashinfer.silu_and_mul(a, out=ao)),
         ("silu_and_mul(a)", lambda: flashinfer.silu_and_mul(a)),
+        ("apply_rope_pos_ids_inplace(q, k, pos) 1 token", lambda: flashinfer.apply_rope_pos_ids_inplace(q, k, pos)),
+        ("apply_rope_pos_ids(q, k, pos)", lambda: flashinfer.apply_rope_pos_ids(q, k, pos)),
+        ("apply_rope_with_cos_sin_cache_inplace", lambda: flashinfer.apply_rope_with_cos_sin_cache_inplace(
+            pos, qf, kf, 128, cache, True)),
+        ("_rope.apply_rope direct, in place", lambda: _rope.apply_rope(
+            "apply_rope_pos_ids_inplace", dl(q), dl(k), None, None, dl(pos), None, None, None, False, 1.0, 1e4, False,
+            1.0, 4.0, 8192.0, s, None)),
         ("torch F.rms_norm (reference)", lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)),
     ]
     print(f"{'host call':<42} {'median us':>9}")

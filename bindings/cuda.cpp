@@ -37,7 +37,8 @@ NB_MODULE(_cuda, m) {
       },
       "device"_a);
   // Launches an empty kernel: the host cost of a bare launch (a benchmark probe). path: 0 the
-  // bindings' launcher (cudaLaunchKernelEx), 1 <<<...>>>, 2 the driver's cuLaunchKernelEx.
+  // bindings' launcher (cudaLaunchKernelEx), 1 <<<...>>>, 2 the driver's cuLaunchKernelEx, 3 the
+  // launcher with 1 KiB of kernel parameters.
   m.def(
       "launch_empty",
       [](uintptr_t stream, bool pdl, int path) {

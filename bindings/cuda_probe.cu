@@ -3,6 +3,7 @@
 //   path 0: flashinfer::launch (cudaLaunchKernelEx, what every binding uses)
 //   path 1: kernel<<<...>>> (cudaLaunchKernel)
 //   path 2: the driver's cuLaunchKernelEx on a CUfunction looked up once per device
+//   path 3: flashinfer::launch of a kernel taking 1 KiB of parameters (RoPE's inv_freq table)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -13,6 +14,14 @@
 namespace flashinfer_bind {
 
 __global__ void EmptyKernel() { flashinfer::pdl_wait(); }
+
+struct KiBParams {
+  float v[256];
+};
+__global__ void EmptyKernelKiBParams(const KiBParams p) {
+  flashinfer::pdl_wait();
+  if (p.v[threadIdx.x & 255] == 12345.f && threadIdx.x == 1000) __trap();  // keeps the parameter live
+}
 
 namespace {
 
@@ -56,6 +65,10 @@ cudaError_t launch_empty(cudaStream_t stream, bool pdl, int path) {
     return cudaGetLastError();
   }
   if (path == 2) return launch_driver(stream, pdl);
+  if (path == 3) {
+    static const KiBParams kib{};
+    return flashinfer::launch(EmptyKernelKiBParams, dim3(1), dim3(32), 0, stream, pdl, kib);
+  }
   return flashinfer::launch(EmptyKernel, dim3(1), dim3(32), 0, stream, pdl);
 }
 
