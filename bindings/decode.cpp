@@ -238,6 +238,7 @@ class DecodeRunner {
       p.kv.batch_size = batch_, p.kv.page_size = page_size_, p.kv.num_heads = hkv_, p.kv.head_dim = hd_;
       p.kv.stride_page = kv.k_page, p.kv.stride_n = kv.k_n, p.kv.stride_h = kv.k_h;
       p.v_stride_page = kv.v_page, p.v_stride_n = kv.v_n, p.v_stride_h = kv.v_h;
+      p.num_pages = kv.num_pages;
       p.contiguous_len = -1;
       p.seq_lens = reinterpret_cast<const int32_t*>(seq_lens_);
       p.o = static_cast<T*>(out.data());

@@ -132,17 +132,29 @@ def test_batch_decode_smoke():
     test_batch_decode(CASES[2])
 
 
-@pytest.mark.parametrize("engine", ["cpasync", "bulk"])
+@pytest.mark.parametrize("engine", ["cpasync", "bulk", "boxes"])
 def test_copy_engines(engine):
-    """Every copy engine of the tensor-core kernel (FLASHINFER_DECODE_COPY; sm_90 takes one by
-    default, the others only through the knob) passes the tensor-core cases and the CUDA-graph
-    replay. A fresh interpreter, since the knob is read once."""
+    """Every copy engine of the tensor-core kernel (FLASHINFER_DECODE_COPY; sm_90 takes boxes by
+    default where the cache suits them, rows otherwise, cp.async only through the knob) passes
+    the tensor-core cases and the CUDA-graph replay. A fresh interpreter: the knob is read once."""
     env = dict(os.environ, FLASHINFER_DECODE_COPY=engine)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                         "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores"],
                        env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_page_sizes_tensor_cores(page_size, layout, head_dim):
+    """The page sizes the box engine takes (16, 32, 64 and multiples of 64: a 64-key tile is whole
+    pages or part of one), lengths around tile and page edges, one request long enough to split
+    (chunk starts are tile-aligned), empty requests; both layouts, with LSE."""
+    lens = [1, 15, 16, 17, 63, 64, 65, 127, 129, 300, 0, 5000]
+    o, lse, q, kv = run_batch(lens, page_size, 32, 8, head_dim, torch.bfloat16, layout, use_tc=True)
+    check_batch(o, lse, q, kv, layout)
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
@@ -256,7 +268,7 @@ def test_single_decode_tensor_cores(kv_len, layout):
 
 
 @pytest.mark.parametrize("use_tc", [False, True])
-@pytest.mark.parametrize("page_size", [1, 5, 16])
+@pytest.mark.parametrize("page_size", [1, 5, 16, 64])
 def test_nan_past_the_end_tensor_cores_and_cuda_cores(use_tc, page_size):
     """Cache slots past each request's last key (the rest of its last page, pages nobody
     references) hold NaN: the output must still equal the reference (the name holds

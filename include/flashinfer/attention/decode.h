@@ -23,6 +23,7 @@ struct DecodeParams {
   int64_t q_stride_n, q_stride_h;
   PagedKV<const T, int32_t> kv;  // k_data/v_data + page table; stride_* describe K
   int64_t v_stride_page, v_stride_n, v_stride_h;  // V may have its own strides
+  int64_t num_pages;         // pages of the cache tensors (0: unknown; the box copies need it)
   int64_t contiguous_len;    // >= 0: single contiguous sequence of this length (indices unused)
   const int32_t* seq_lens;   // [batch] or null: overrides the page-table lengths
   T* o;                      // [batch, num_qo_heads, head_dim] via o_stride_n / o_stride_h

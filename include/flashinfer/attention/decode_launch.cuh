@@ -32,9 +32,11 @@ struct DecodeLaunch {
 };
 
 // kernel: the decode kernel to size; stage_bytes / merge_smem: its shared memory needs;
-// fixed_stages > 0: that pipeline depth (when it fits) instead of the occupancy rule.
+// fixed_stages > 0: that pipeline depth (when it fits) instead of the occupancy rule;
+// slack: bytes added to the total (alignment room).
 template <auto kernel>
-cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeLaunch* l, int fixed_stages = 0) {
+cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeLaunch* l, int fixed_stages = 0,
+                                int64_t slack = 0) {
   int device = 0;
   FLASHINFER_CUDA_TRY(current_device(&device));
   DeviceInfo dev;
@@ -62,7 +64,7 @@ cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeL
     c.smem = want * stage_bytes;
   }
   // the merge scratch aliases the stages: use the larger of the two
-  c.smem = c.smem > merge_smem ? c.smem : merge_smem;
+  c.smem = (c.smem > merge_smem ? c.smem : merge_smem) + slack;
   const int bps = blocks_per_sm(dev, kDecodeThreads, kernel_regs<kernel>(), c.smem);
   l->stages = c.stages;
   l->smem = c.smem;
@@ -80,15 +82,20 @@ inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_
   return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
 }
 
-// The tensor-core kernel's copy engine: bulk copies (TMA) on sm_90+ unless
-// FLASHINFER_DECODE_COPY=cpasync (read once); "bulk" asks for them where the GPU has them.
-inline bool decode_tc_bulk_enabled(const DeviceInfo& dev) {
-  static const int mode = [] {
+// The tensor-core kernel's copy engine asked for: tensor-map boxes on sm_90+ unless
+// FLASHINFER_DECODE_COPY (read once) says "bulk" (row copies) or "cpasync". A call whose
+// cache does not suit the asked engine takes the next one down (see DecodeDispatched).
+// H200, bf16, 32/8 heads x 128, page 16 (us, rows -> boxes): 1 x 32768 55.3 -> 52.7,
+// 16 x 4096 86.7 -> 83.8, 64 x 2048 154.9 -> 149.3, 256 x 1024 301.6 -> 281.1,
+// 128 x 8192 1063.8 -> 1039.3, 1 x 4096 19.2 -> 19.3.
+inline TcCopy decode_tc_copy_asked(const DeviceInfo& dev) {
+  static const TcCopy mode = [] {
     const char* e = std::getenv("FLASHINFER_DECODE_COPY");
-    if (e && std::strcmp(e, "cpasync") == 0) return 0;
-    return 1;
+    if (e && std::strcmp(e, "cpasync") == 0) return TcCopy::kCpAsync;
+    if (e && (std::strcmp(e, "bulk") == 0 || std::strcmp(e, "rows") == 0)) return TcCopy::kRows;
+    return TcCopy::kBoxes;
   }();
-  return mode == 1 && dev.cc_major >= 9;
+  return dev.cc_major >= 9 ? mode : TcCopy::kCpAsync;
 }
 
 // Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
@@ -100,18 +107,78 @@ bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
          p.kv.stride_h % kE == 0 && p.v_stride_page % kE == 0 && p.v_stride_n % kE == 0 && p.v_stride_h % kE == 0;
 }
 
+// The box engine's conditions on a call (the planner aligns chunk starts to tiles): a paged
+// cache with known page count, pages whose 64-key parts are whole boxes, no sliding window
+// (its first tile starts mid-page), 16-byte aligned rows.
+template <typename T>
+bool decode_tc_boxes_fit(const DecodeParams<T>& p) {
+  const int64_t ps = p.kv.page_size;
+  return p.contiguous_len < 0 && p.items && p.num_pages > 0 && p.window_left < 0 && ps % 16 == 0 &&
+         (kTcTile % ps == 0 || ps % kTcTile == 0) && decode_tc_bulk_aligned(p);
+}
+
+// The tensor maps of the box engine (false: the driver rejected them; copy rows instead).
+// The last cache's maps are kept per host thread: a decode step reuses the same cache.
+template <typename T>
+bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
+  struct Key {
+    const void *k, *v;
+    int64_t geometry[10];
+  };
+  const Key key{p.kv.k_data, p.kv.v_data, {p.head_dim, p.num_kv_heads, p.kv.page_size, p.num_pages,
+                p.kv.stride_page, p.kv.stride_n, p.kv.stride_h, p.v_stride_page, p.v_stride_n, p.v_stride_h}};
+  struct Cached {
+    Key key;
+    DecodeTensorMaps maps;
+    bool ok = false, valid = false;
+  };
+  thread_local Cached cached;
+  if (cached.valid && std::memcmp(&cached.key, &key, sizeof(Key)) == 0) {
+    *m = cached.maps;
+    return cached.ok;
+  }
+  const int64_t ps = p.kv.page_size, e = ps < kTcTile ? ps : kTcTile;
+  auto encode = [&](CUtensorMap* map, const T* base, int64_t s_page, int64_t s_n, int64_t s_h) {
+    const bool entry_first = s_n <= s_h;  // HND: entries are the inner of the two
+    m->entry_dim = entry_first ? 1 : 2;
+    const uint64_t dims[4] = {uint64_t(p.head_dim), uint64_t(entry_first ? ps : p.num_kv_heads),
+                              uint64_t(entry_first ? p.num_kv_heads : ps), uint64_t(p.num_pages)};
+    const uint64_t strides[3] = {uint64_t((entry_first ? s_n : s_h) * 2), uint64_t((entry_first ? s_h : s_n) * 2),
+                                 uint64_t(s_page * 2)};
+    const uint32_t box[4] = {64, uint32_t(entry_first ? e : 1), uint32_t(entry_first ? 1 : e), 1};
+    return tma::encode_4d_16bit(map, base, dims, strides, box) == cudaSuccess;
+  };
+  const bool k_first = p.kv.stride_n <= p.kv.stride_h, v_first = p.v_stride_n <= p.v_stride_h;
+  const bool ok = k_first == v_first && encode(&m->k, p.kv.k_data, p.kv.stride_page, p.kv.stride_n, p.kv.stride_h) &&
+                  encode(&m->v, p.kv.v_data, p.v_stride_page, p.v_stride_n, p.v_stride_h);
+  std::memset(&cached.key, 0, sizeof(Key));  // (padding too: the key is compared bytewise)
+  cached.key.k = key.k, cached.key.v = key.v;
+  std::memcpy(cached.key.geometry, key.geometry, sizeof(key.geometry));
+  cached.maps = *m;
+  cached.ok = ok;
+  cached.valid = true;
+  return ok;
+}
+
 template <typename T, int kHeadDim, int kG>
-cudaError_t decode_shape_for(bool tc, bool bulk, DecodeLaunch* l) {
+cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 except for single
       // long requests (bulk copies, bf16: 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167,
       // 256 x 1024 303 vs 318; 1 x 32768 56.9 vs 56.2).
-      if (bulk)
-        return decode_launch_shape<DecodeTCKernel<T, kHeadDim, true>>(
-            decode_tc_stage_bytes(kHeadDim, true), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
-      return decode_launch_shape<DecodeTCKernel<T, kHeadDim, false>>(
-          decode_tc_stage_bytes(kHeadDim, false), decode_tc_merge_smem(kHeadDim), l, kDecodeTCStages);
+      const int64_t merge = decode_tc_merge_smem(kHeadDim);
+      switch (copy) {
+        case TcCopy::kBoxes:
+          return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes>>(
+              decode_tc_stage_bytes(kHeadDim, copy), merge, l, kDecodeTCStages, kTcBoxAlign);
+        case TcCopy::kRows:
+          return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kRows>>(
+              decode_tc_stage_bytes(kHeadDim, copy), merge, l, kDecodeTCStages);
+        default:
+          return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync>>(
+              decode_tc_stage_bytes(kHeadDim, copy), merge, l, kDecodeTCStages);
+      }
     }
   }
   return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG>>(
@@ -122,24 +189,37 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
                              cudaStream_t stream) {
   const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim);
-  bool bulk = false;
+  TcCopy copy = TcCopy::kCpAsync;
+  static const DecodeTensorMaps kNoMaps{};
+  DecodeTensorMaps maps{};
   if (tc) {
     DeviceInfo dev;
     FLASHINFER_CUDA_TRY(current_device_info(&dev));
-    bulk = decode_tc_bulk_enabled(dev) && decode_tc_bulk_aligned(p);
+    copy = decode_tc_copy_asked(dev);
+    if (copy == TcCopy::kBoxes && !(kHeadDim <= 128 && decode_tc_boxes_fit(p) && decode_tc_tensor_maps(p, &maps)))
+      copy = TcCopy::kRows;
+    if (copy == TcCopy::kRows && !decode_tc_bulk_aligned(p)) copy = TcCopy::kCpAsync;
   }
   DecodeLaunch l;
-  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, bulk, &l)));
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, &l)));
+  if (copy != TcCopy::kCpAsync && l.stages > kTcMaxStages) return cudaErrorInvalidValue;  // (3 stages)
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
   bool launched = false;
   if constexpr (kHeadDim <= 128) {
     if (tc) {
-      if (bulk && l.stages <= kTcMaxStages) {
-        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, true>, dim3(static_cast<unsigned>(grid)),
-                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
-      } else {
-        FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, false>, dim3(static_cast<unsigned>(grid)),
-                                   dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+      const dim3 g(static_cast<unsigned>(grid)), b(kDecodeThreads);
+      switch (copy) {
+        case TcCopy::kBoxes:
+          FLASHINFER_CUDA_TRY(
+              launch(DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes>, g, b, l.smem, stream, p.pdl, p, l.stages, maps));
+          break;
+        case TcCopy::kRows:
+          FLASHINFER_CUDA_TRY(
+              launch(DecodeTCKernel<T, kHeadDim, TcCopy::kRows>, g, b, l.smem, stream, p.pdl, p, l.stages, kNoMaps));
+          break;
+        default:
+          FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync>, g, b, l.smem, stream, p.pdl, p,
+                                     l.stages, kNoMaps));
       }
       launched = true;
     }
@@ -180,17 +260,17 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   const bool tc = decode_uses_tc(use_tc, pos, head_dim);
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev));
-  const bool bulk = tc && decode_tc_bulk_enabled(dev);
+  const TcCopy copy = tc ? decode_tc_copy_asked(dev) : TcCopy::kCpAsync;
   DecodeLaunch l;
   cudaError_t err = cudaErrorInvalidValue;
   const int bucket = decode_group_bucket(group_size);
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, bulk, &l); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, bulk, &l); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, bulk, &l); break;
-      default: err = decode_shape_for<T, kD, 8>(tc, bulk, &l); break;
+      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, &l); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, &l); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, &l); break;
+      default: err = decode_shape_for<T, kD, 8>(tc, copy, &l); break;
     }
     return Status::kSuccess;
   };

@@ -2,11 +2,17 @@
 // kernel, but each warp computes scores for all q heads of its group at once with m16n8k16
 // MMAs in the transposed form S^T = K q^T (16 keys as M, 8 heads as N: no padded rows),
 // keeps an online softmax per head in registers, and accumulates O^T += V^T P^T. K/V tiles of kTcTile keys stream
-// into shared memory read with ldmatrix, by one of two copy engines (kBulk):
+// into shared memory read with ldmatrix, by one of three copy engines (kCopy):
 //  - cp.async: every thread moves 16-byte chunks into XOR-swizzled rows (any sm_80+ GPU);
-//  - bulk (sm_90+, the TMA engine): every thread moves one whole key row (K or V) with one
+//  - rows (sm_90+, the TMA engine): every thread moves one whole key row (K or V) with one
 //    cp.async.bulk per tile, an mbarrier per stage counts the bytes in; rows are padded by 16
-//    bytes so ldmatrix reads stay conflict-free without a swizzle. 16x fewer copy instructions.
+//    bytes so ldmatrix reads stay conflict-free without a swizzle. 16x fewer copy instructions,
+//    but cp.async.bulk takes warp-uniform operands: each warp's 32 row copies run as a loop.
+//  - boxes (sm_90+, tensor maps): one lane per warp moves its page's part of the tile (64 dims x
+//    page_size keys per box, 128-byte swizzled) with cp.async.bulk.tensor: 16 copies per tile
+//    at page size 16. Needs tiles that start on a page (the planner aligns chunks to kTcTile
+//    keys; no sliding window), page sizes 16/32/64 or multiples of 64, and a paged cache.
+//    Boxes copy whole pages, so V rows past the request's end are zeroed after they land.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +22,7 @@
 #include "../math.cuh"
 #include "../mma.cuh"
 #include "../page.h"
+#include "../tensor_map.cuh"
 #include "../vec_dtypes.cuh"
 #include "decode.cuh"
 #include "state.h"
@@ -24,17 +31,30 @@ namespace flashinfer {
 namespace attention {
 
 constexpr int kTcTile = 64;  // keys per pipeline stage (16 per warp)
+static_assert(kTcTile == kDecodeChunkAlign, "box copies need tiles that start on a page");
 constexpr int kTcWarps = kDecodeThreads / 32;
 constexpr int kTcMaxStages = 16;  // mbarriers of the bulk-copy pipeline
+constexpr int kTcBoxAlign = 1024;  // 128-byte-swizzled boxes land on 1024-byte boundaries
 
-// Shared-memory bytes of one key row: bulk copies land whole rows, padded by 16 bytes.
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_row_bytes(int head_dim, bool bulk) {
-  return int64_t{head_dim} * 2 + (bulk ? 16 : 0);
+// The tensor-core kernel's copy engines (see above).
+enum class TcCopy : int { kCpAsync = 0, kRows = 1, kBoxes = 2 };
+
+// Shared-memory bytes of one key row: row copies land whole rows, padded by 16 bytes.
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_row_bytes(int head_dim, TcCopy copy) {
+  return int64_t{head_dim} * 2 + (copy == TcCopy::kRows ? 16 : 0);
 }
 // Shared memory of one stage (K and V tiles) and of the epilogue scratch.
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim, bool bulk) {
-  return int64_t{2} * kTcTile * decode_tc_row_bytes(head_dim, bulk);
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim, TcCopy copy) {
+  return int64_t{2} * kTcTile * decode_tc_row_bytes(head_dim, copy);
 }
+
+// The K and V caches as 4-D tensor maps for the box engine, dims (dim, entry, head, page)
+// (entry_dim 1) or (dim, head, entry, page) (entry_dim 2): whichever order has increasing
+// strides. Boxes are 64 dims x min(page_size, 64) entries of one head and page.
+struct DecodeTensorMaps {
+  CUtensorMap k, v;
+  int entry_dim;
+};
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
   return int64_t{kTcWarps} * kDecodeMaxGroup * (head_dim + 2) * 4;
 }
@@ -50,26 +70,35 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
 
 }  // namespace detail
 
-// kBulk: the bulk-copy engine (sm_90+; stages <= kTcMaxStages; K/V rows 16-byte aligned).
-template <typename T, int kHeadDim, bool kBulk>
-__global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodeParams<T> p, const int stages) {
+// kCopy: the copy engine (rows and boxes: sm_90+, stages <= kTcMaxStages, K/V rows 16-byte
+// aligned; boxes: `maps` describe the cache, see TcCopy).
+template <typename T, int kHeadDim, TcCopy kCopy>
+__global__ void __launch_bounds__(kDecodeThreads)
+    DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
   static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
   static_assert(kDecodeThreads == 2 * kTcTile, "bulk copies: one K or V row per thread per tile");
+  constexpr bool kBulk = kCopy != TcCopy::kCpAsync;  // an mbarrier per stage counts the bytes in
+  constexpr bool kBoxes = kCopy == TcCopy::kBoxes;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kMTiles = kHeadDim / 16;  // 16-dim tiles of O^T
-  constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, kBulk);
-  constexpr int kPitch = static_cast<int>(decode_tc_row_bytes(kHeadDim, kBulk));
+  constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, kCopy);
+  constexpr int kPitch = static_cast<int>(decode_tc_row_bytes(kHeadDim, kCopy));
   constexpr uint32_t kRowBytes = kHeadDim * 2;
   extern __shared__ uint4 smem_u4[];
   __shared__ __align__(16) T sP[kTcWarps * kDecodeMaxGroup * 16];
   __shared__ __align__(8) uint64_t bars[kBulk ? kTcMaxStages : 1];
-  // Byte offset of 16-byte chunk `c` of key row `r` in a K or V tile.
+  // Byte offset of 16-byte chunk `c` of key row `r` in a K or V tile. Boxes: the tile is two
+  // (head_dim 128) halves of 64 dims, each [kTcTile rows][128 bytes] 128-byte swizzled.
   auto at = [](int r, int c) -> uint32_t {
+    if constexpr (kBoxes) return static_cast<uint32_t>((c >> 3) * (kTcTile * 128)) + tma::swizzle128(r, c & 7);
     if constexpr (kBulk) return static_cast<uint32_t>(r * kPitch + c * 16);
     return detail::swz<kHeadDim>(r, c);
   };
   char* smem = reinterpret_cast<char*>(smem_u4);
+  if constexpr (kBoxes)  // (the launch adds kTcBoxAlign bytes of slack)
+    smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem) + (kTcBoxAlign - 1)) &
+                                   ~static_cast<uintptr_t>(kTcBoxAlign - 1));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = lane >> 2, tig = lane & 3;  // MMA fragment coordinates
   constexpr int kRowStep = kDecodeThreads / kChunks;  // rows between a thread's copies
@@ -139,13 +168,26 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
     const int32_t lo32 = static_cast<int32_t>(lo), hi32 = static_cast<int32_t>(hi);
     PageCursor bcur(paged ? lo32 + brow : 0, page_size, kTcTile);
     int32_t bkey = lo32 + brow, last_page = 0, last_entry = hi32 - 1;
-    if (kBulk && paged && hi > lo) {
+    // Boxes: warp w moves keys [w * box_e, +box_e) of each tile, one page (or a 64-key part of one).
+    const int box_e = page_size < kTcTile ? page_size : kTcTile;
+    const int box_pages = kBoxes ? kTcTile / box_e : 0;
+    if (kCopy == TcCopy::kRows && paged && hi > lo) {
       const int32_t last_slot = (hi32 - 1) / page_size;
       last_page = __ldg(page_ids + last_slot);
       last_entry = hi32 - 1 - last_slot * page_size;
     }
     auto load_pages = [&](int64_t tile, int32_t* pg) {
-      if constexpr (kBulk) {
+      if constexpr (kBoxes) {  // lane 0: page id and first entry of the warp's box
+        if (tile >= num_tiles) return;
+        const int32_t k0 = lo32 + static_cast<int32_t>(tile) * kTcTile + warp * box_e;
+        if (lane == 0 && warp < box_pages && k0 < hi32) {
+          const int32_t slot = k0 / page_size;
+          pg[0] = __ldg(page_ids + slot);
+          pg[1] = k0 - slot * page_size;
+        }
+        return;
+      }
+      if constexpr (kCopy == TcCopy::kRows) {
         if (tile >= num_tiles) return;
         if (bkey < hi32) {
           pg[0] = paged ? __ldg(page_ids + bcur.slot) : 0;
@@ -168,7 +210,26 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       }
     };
     auto issue = [&](int64_t tile, int s, const int32_t* pg) {
-      if constexpr (kBulk) {
+      if constexpr (kBoxes) {
+        if (tile < num_tiles) {
+          const int32_t t_lo = lo32 + static_cast<int32_t>(tile) * kTcTile;
+          if (threadIdx.x == 0) {  // the bytes of the boxes that hold a key of the request
+            const int32_t boxes = min(box_pages, (hi32 - t_lo + box_e - 1) / box_e);
+            bulk::arrive_expect_tx(&bars[s], static_cast<uint32_t>(boxes * box_e * kHeadDim * 4));
+          }
+          if (lane == 0 && warp < box_pages && t_lo + warp * box_e < hi32) {
+            char* kdst = smem + s * kStage + warp * box_e * 128;
+            const int c1 = maps.entry_dim == 1 ? pg[1] : kv_head, c2 = maps.entry_dim == 1 ? kv_head : pg[1];
+            FLASHINFER_UNROLL
+            for (int h = 0; h < kHeadDim / 64; ++h) {
+              tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * 64, c1, c2, pg[0], &bars[s]);
+              tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * 64, c1, c2, pg[0], &bars[s]);
+            }
+          }
+        }
+        return;
+      }
+      if constexpr (kCopy == TcCopy::kRows) {
         if (tile < num_tiles) {
           const int64_t page = pg[0], entry = pg[1];
           const T* src = bv ? p.kv.v_data + int64_t{kv_head} * p.v_stride_h + page * p.v_stride_page +
@@ -231,6 +292,19 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeTCKernel(const DecodePar
       const char* ks_ = smem + s_cur * kStage;
       const char* vs_ = ks_ + kStage / 2;
       const int row0 = warp * 16;  // this warp's 16 keys of the tile
+      if constexpr (kBoxes) {
+        // Boxes copy whole pages: V rows past the request's end (stale or never-written cache
+        // slots, possibly NaN) would turn P = 0 into NaN in the MMA. Zero this warp's.
+        const int32_t valid = hi32 - (lo32 + static_cast<int32_t>(tile) * kTcTile);
+        if (valid < row0 + 16) {
+          char* vw = smem + s_cur * kStage + kStage / 2;
+          for (int i = lane; i < 16 * kChunks; i += 32) {
+            const int r = row0 + i / kChunks;
+            if (r >= valid) *reinterpret_cast<uint4*>(vw + at(r, i % kChunks)) = make_uint4(0u, 0u, 0u, 0u);
+          }
+          __syncwarp();
+        }
+      }
       // S^T = K q^T (16 keys x 8 heads): K rows are the A operand, q the B operand; even and
       // odd k-steps accumulate separately to halve the dependent MMA chain.
       float sc[2][4] = {};

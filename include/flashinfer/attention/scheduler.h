@@ -57,9 +57,26 @@ struct DecodePlan {
   int sub_groups = 1;
 };
 
-// Chunks a request of len keys splits into at chunk length `chunk` (0: no split), and the
-// balanced step between chunk starts.
+// Chunks a request of len keys splits into at chunk length `chunk` (0: no split), before
+// alignment (decode_split).
 inline int64_t decode_num_chunks(int64_t len, int64_t chunk) { return chunk > 0 && len > chunk ? ceil_div(len, chunk) : 1; }
+
+// Chunk starts are multiples of this many keys: a tile of the tensor-core kernel, so that its
+// box copies (whole pages) start on a page.
+constexpr int64_t kDecodeChunkAlign = 64;
+
+// How a request of len keys splits at chunk length `chunk` (a multiple of kDecodeChunkAlign):
+// n chunks of `step` keys (the last one shorter), step the balanced length rounded up to
+// kDecodeChunkAlign (so still <= chunk).
+inline void decode_split(int64_t len, int64_t chunk, int64_t* n, int64_t* step) {
+  const int64_t c = decode_num_chunks(len, chunk);
+  if (c <= 1) {
+    *n = 1, *step = len;
+    return;
+  }
+  *step = round_up<int64_t>(ceil_div(len, c), kDecodeChunkAlign);
+  *n = ceil_div(len, *step);
+}
 
 // Modelled run time, in keys, of the work items a split produces: the kernels walk the
 // items longest first with a static stride of `slots` (the persistent grid), so CTA 0 is
@@ -71,9 +88,9 @@ inline int64_t decode_makespan(const std::vector<int64_t>& kv_lens, int64_t unit
   std::vector<std::pair<int64_t, int64_t>> runs;  // (item length, count)
   int64_t max_chunks = 1;
   for (int64_t len : kv_lens) {
-    const int64_t n = decode_num_chunks(len, chunk);
+    int64_t n, step;
+    decode_split(len, chunk, &n, &step);
     max_chunks = std::max(max_chunks, n);
-    const int64_t step = n > 1 ? ceil_div(len, n) : len;
     if (n > 1) runs.push_back({step, (n - 1) * units});
     runs.push_back({len - (n - 1) * step, units});
   }
@@ -92,14 +109,16 @@ inline int64_t decode_makespan(const std::vector<int64_t>& kv_lens, int64_t unit
 
 // Picks the split length: the candidate with the smallest modelled run time among no split,
 // the lengths that fill 1..8 waves of CTAs, and the lengths that cut the longest request
-// into 2..16 chunks (never below min_chunk; page-aligned). Ties go to the longer chunk
+// into 2..16 chunks (never below min_chunk; page- and tile-aligned). Ties go to the longer chunk
 // (fewer items and merges).
 inline int64_t choose_decode_chunk(const std::vector<int64_t>& kv_lens, int64_t units, const DecodePlanConfig& cfg) {
   const int64_t slots = std::max<int64_t>(int64_t{cfg.num_sms} * cfg.ctas_per_sm, 1);
   const int64_t ps = std::max<int64_t>(cfg.page_size, 1);
   int64_t total = 0, longest = 0;
   for (int64_t len : kv_lens) total += len, longest = std::max(longest, len);
-  auto legal = [&](int64_t c) { return round_up<int64_t>(std::max(cfg.min_chunk, c), ps); };
+  auto legal = [&](int64_t c) {
+    return round_up<int64_t>(round_up<int64_t>(std::max(cfg.min_chunk, c), ps), kDecodeChunkAlign);
+  };
   if (cfg.waves > 0) return legal(ceil_div<int64_t>(total * units, int64_t{cfg.waves} * slots));
   std::vector<int64_t> cands{0};
   const int64_t work_items = units * static_cast<int64_t>(kv_lens.size());
@@ -131,7 +150,7 @@ inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodeP
 
   int64_t chunk = 0;  // 0: no split
   if (cfg.fixed_split_tokens > 0) {
-    chunk = cfg.fixed_split_tokens;
+    chunk = round_up<int64_t>(cfg.fixed_split_tokens, kDecodeChunkAlign);
   } else if (!cfg.disable_split_kv) {
     chunk = choose_decode_chunk(kv_lens, units, cfg);
   }
@@ -140,8 +159,8 @@ inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodeP
   int32_t next_slot = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = kv_lens[b];
-    const int64_t n = decode_num_chunks(len, chunk);
-    const int64_t step = n > 1 ? ceil_div(len, n) : len;  // balanced chunks
+    int64_t n, step;  // balanced, aligned chunks
+    decode_split(len, chunk, &n, &step);
     plan.merge[b] = {n > 1 ? next_slot : -1, static_cast<int32_t>(n)};
     for (int64_t c = 0; c < n; ++c) {
       const int64_t lo = std::min(len, c * step), hi = std::min(len, (c + 1) * step);

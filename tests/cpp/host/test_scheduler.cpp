@@ -29,6 +29,7 @@ static void check_plan(const std::vector<int64_t>& lens, const DecodePlanConfig&
     CHECK(it.unit >= 0 && it.unit < units);
     CHECK(0 <= it.kv_begin && it.kv_begin <= it.kv_end && it.kv_end <= lens[it.request]);
     if (p.chunk_tokens > 0) CHECK(it.kv_end - it.kv_begin <= p.chunk_tokens);
+    CHECK(it.kv_begin % kDecodeChunkAlign == 0);  // the tensor-core kernel's box copies start on a page
     ranges[{it.request, it.unit}].push_back({it.kv_begin, it.kv_end});
     const DecodeMergeInfo& m = p.merge[it.request];
     if (m.num_chunks > 1) {
@@ -109,7 +110,18 @@ int main() {
   // makespan model: 396 equal items on 396 slots take one item's time; 397 take two.
   CHECK(decode_makespan(std::vector<int64_t>(396, 100), 1, 0, 396, 10) == 110);
   CHECK(decode_makespan(std::vector<int64_t>(397, 100), 1, 0, 396, 10) == 220);
-  CHECK(decode_makespan({1000}, 1, 100, 396, 8) == 100 + 8 + 2);  // 10 chunks, one merge round
+  // 1000 keys at chunk 128: 8 chunks of 128 keys (the last 104), one merge round
+  CHECK(decode_makespan({1000}, 1, 128, 396, 8) == 128 + 8 + 2);
+  // chunk starts are tile-aligned: 1000 keys in 3 balanced chunks are 384 + 384 + 232
+  {
+    int64_t n = 0, step = 0;
+    decode_split(1000, 384, &n, &step);
+    CHECK(n == 3 && step == 384);
+    decode_split(1000, 448, &n, &step);  // ceil(1000 / 3) = 334 -> 384
+    CHECK(n == 3 && step == 384);
+    decode_split(100, 0, &n, &step);
+    CHECK(n == 1 && step == 100);
+  }
   // disable_split_kv / fixed split: a request's items do not depend on the rest of the batch.
   for (bool fixed : {false, true}) {
     DecodePlanConfig c = cfg;
