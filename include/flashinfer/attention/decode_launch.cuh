@@ -107,14 +107,16 @@ bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
          p.kv.stride_h % kE == 0 && p.v_stride_page % kE == 0 && p.v_stride_n % kE == 0 && p.v_stride_h % kE == 0;
 }
 
-// The box engine's conditions on a call (the planner aligns chunk starts to tiles): a paged
-// cache with known page count, pages whose 64-key parts are whole boxes, no sliding window
-// (its first tile starts mid-page), 16-byte aligned rows.
+// The box engine's conditions on a call: 16-byte aligned rows, and either a contiguous cache
+// (boxes of 64 keys start anywhere) or a paged one with known page count whose tiles are whole
+// boxes: pages of 16/32/64 keys or a multiple of 64, tiles that start on a page (the planner
+// aligns chunk starts to tiles; a sliding window's first tile starts mid-page).
 template <typename T>
 bool decode_tc_boxes_fit(const DecodeParams<T>& p) {
+  if (!decode_tc_bulk_aligned(p)) return false;
+  if (p.contiguous_len >= 0) return p.contiguous_len > 0;
   const int64_t ps = p.kv.page_size;
-  return p.contiguous_len < 0 && p.items && p.num_pages > 0 && p.window_left < 0 && ps % 16 == 0 &&
-         (kTcTile % ps == 0 || ps % kTcTile == 0) && decode_tc_bulk_aligned(p);
+  return p.items && p.num_pages > 0 && p.window_left < 0 && ps % 16 == 0 && (kTcTile % ps == 0 || ps % kTcTile == 0);
 }
 
 // The tensor maps of the box engine (false: the driver rejected them; copy rows instead).
@@ -123,9 +125,9 @@ template <typename T>
 bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   struct Key {
     const void *k, *v;
-    int64_t geometry[10];
+    int64_t geometry[11];
   };
-  const Key key{p.kv.k_data, p.kv.v_data, {p.head_dim, p.num_kv_heads, p.kv.page_size, p.num_pages,
+  const Key key{p.kv.k_data, p.kv.v_data, {p.head_dim, p.num_kv_heads, p.kv.page_size, p.num_pages, p.contiguous_len,
                 p.kv.stride_page, p.kv.stride_n, p.kv.stride_h, p.v_stride_page, p.v_stride_n, p.v_stride_h}};
   struct Cached {
     Key key;
@@ -137,12 +139,16 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
     *m = cached.maps;
     return cached.ok;
   }
-  const int64_t ps = p.kv.page_size, e = ps < kTcTile ? ps : kTcTile;
+  // A contiguous cache is one page of contiguous_len entries.
+  const bool contiguous = p.contiguous_len >= 0;
+  const int64_t ps = contiguous ? p.contiguous_len : p.kv.page_size, pages = contiguous ? 1 : p.num_pages;
+  const int64_t e = ps < kTcTile && !contiguous ? ps : kTcTile;
   auto encode = [&](CUtensorMap* map, const T* base, int64_t s_page, int64_t s_n, int64_t s_h) {
     const bool entry_first = s_n <= s_h;  // HND: entries are the inner of the two
     m->entry_dim = entry_first ? 1 : 2;
     const uint64_t dims[4] = {uint64_t(p.head_dim), uint64_t(entry_first ? ps : p.num_kv_heads),
-                              uint64_t(entry_first ? p.num_kv_heads : ps), uint64_t(p.num_pages)};
+                              uint64_t(entry_first ? p.num_kv_heads : ps), uint64_t(pages)};
+    if (contiguous) s_page = entry_first ? s_h * p.num_kv_heads : s_n * ps;  // (one page: never stepped)
     const uint64_t strides[3] = {uint64_t((entry_first ? s_n : s_h) * 2), uint64_t((entry_first ? s_h : s_n) * 2),
                                  uint64_t(s_page * 2)};
     const uint32_t box[4] = {64, uint32_t(entry_first ? e : 1), uint32_t(entry_first ? 1 : e), 1};

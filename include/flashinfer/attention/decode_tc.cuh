@@ -10,9 +10,10 @@
 //    but cp.async.bulk takes warp-uniform operands: each warp's 32 row copies run as a loop.
 //  - boxes (sm_90+, tensor maps): one lane per warp moves its page's part of the tile (64 dims x
 //    page_size keys per box, 128-byte swizzled) with cp.async.bulk.tensor: 16 copies per tile
-//    at page size 16. Needs tiles that start on a page (the planner aligns chunks to kTcTile
-//    keys; no sliding window), page sizes 16/32/64 or multiples of 64, and a paged cache.
-//    Boxes copy whole pages, so V rows past the request's end are zeroed after they land.
+//    at page size 16. A paged cache needs tiles that start on a page (the planner aligns chunks
+//    to kTcTile keys; no sliding window) and page sizes 16/32/64 or multiples of 64; a
+//    contiguous one is a single page (one 64-key box per tile and half, from any key). Boxes
+//    copy whole pages, so V rows past the request's end are zeroed after they land.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     PageCursor bcur(paged ? lo32 + brow : 0, page_size, kTcTile);
     int32_t bkey = lo32 + brow, last_page = 0, last_entry = hi32 - 1;
     // Boxes: warp w moves keys [w * box_e, +box_e) of each tile, one page (or a 64-key part of one).
-    const int box_e = page_size < kTcTile ? page_size : kTcTile;
+    const int box_e = paged && page_size < kTcTile ? page_size : kTcTile;
     const int box_pages = kBoxes ? kTcTile / box_e : 0;
     if (kCopy == TcCopy::kRows && paged && hi > lo) {
       const int32_t last_slot = (hi32 - 1) / page_size;
@@ -181,8 +182,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
         if (tile >= num_tiles) return;
         const int32_t k0 = lo32 + static_cast<int32_t>(tile) * kTcTile + warp * box_e;
         if (lane == 0 && warp < box_pages && k0 < hi32) {
-          const int32_t slot = k0 / page_size;
-          pg[0] = __ldg(page_ids + slot);
+          const int32_t slot = paged ? k0 / page_size : 0;
+          pg[0] = paged ? __ldg(page_ids + slot) : 0;
           pg[1] = k0 - slot * page_size;
         }
         return;
