@@ -170,9 +170,11 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
-      // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 except for single
-      // long requests (bulk copies, bf16: 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167,
-      // 256 x 1024 303 vs 318; 1 x 32768 56.9 vs 56.2).
+      // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 (row copies, bf16:
+      // 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167, 256 x 1024 303 vs 318; 1 x 32768
+      // 56.9 vs 56.2) and, with boxes, also four stages x 1 CTA except at 1 x 4096 (2 / 3 / 4
+      // stages: 256 x 1024 302 / 281 / 345, 128 x 8192 1062 / 1042 / 1151, 1 x 4096 19.7 /
+      // 19.4 / 17.8).
       const int64_t merge = decode_tc_merge_smem(kHeadDim);
       switch (copy) {
         case TcCopy::kBoxes:
@@ -208,7 +210,8 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
   }
   DecodeLaunch l;
   FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, &l)));
-  if (copy != TcCopy::kCpAsync && l.stages > kTcMaxStages) return cudaErrorInvalidValue;  // (3 stages)
+  // (never: stages <= kMaxStages == kTcMaxStages, the mbarriers the kernel has)
+  if (copy != TcCopy::kCpAsync && l.stages > kTcMaxStages) return cudaErrorInvalidValue;
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
   bool launched = false;
   if constexpr (kHeadDim <= 128) {
