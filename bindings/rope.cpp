@@ -92,7 +92,7 @@ struct RopeArgs {
 };
 
 template <typename T, typename IdType>
-RopeParams<T, IdType> make_params(const RopeArgs& a, int32_t* err) {
+RopeParams<T, IdType> make_params(const RopeArgs& a, int32_t* err, bool pdl) {
   RopeParams<T, IdType> p{};
   p.q = static_cast<const T*>(a.q->data());
   p.k = static_cast<const T*>(a.k->data());
@@ -123,6 +123,7 @@ RopeParams<T, IdType> make_params(const RopeArgs& a, int32_t* err) {
   p.freq = a.freq;
   p.interleave = a.interleave;
   p.err = err;
+  p.pdl = pdl;
   return p;
 }
 
@@ -154,16 +155,9 @@ void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, u
   fb::with_dtype(op, dt, [&](auto tag) {
     using T = decltype(tag);
     const bool pdl = fb::device_supports_pdl(dev);  // a PDL launch enqueues ~0.5 us faster on the H200
-    cudaError_t e;
-    if (idt == fb::DType::kI32) {
-      auto p = make_params<T, int32_t>(a, check.device_ptr());
-      p.pdl = pdl;
-      e = flashinfer::rope::Rope(p, stream);
-    } else {
-      auto p = make_params<T, int64_t>(a, check.device_ptr());
-      p.pdl = pdl;
-      e = flashinfer::rope::Rope(p, stream);
-    }
+    const cudaError_t e = idt == fb::DType::kI32
+                              ? flashinfer::rope::Rope(make_params<T, int32_t>(a, check.device_ptr(), pdl), stream)
+                              : flashinfer::rope::Rope(make_params<T, int64_t>(a, check.device_ptr(), pdl), stream);
     if (e != cudaSuccess) fb::throw_cuda(op, e);
   });
   int32_t bits = 0;

@@ -127,6 +127,7 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
     const void *k, *v;
     int64_t geometry[11];
   };
+  static_assert(sizeof(Key) == 2 * sizeof(void*) + 11 * sizeof(int64_t), "no padding: compared bytewise");
   const Key key{p.kv.k_data, p.kv.v_data, {p.head_dim, p.num_kv_heads, p.kv.page_size, p.num_pages, p.contiguous_len,
                 p.kv.stride_page, p.kv.stride_n, p.kv.stride_h, p.v_stride_page, p.v_stride_n, p.v_stride_h}};
   struct Cached {
@@ -157,9 +158,7 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   const bool k_first = p.kv.stride_n <= p.kv.stride_h, v_first = p.v_stride_n <= p.v_stride_h;
   const bool ok = k_first == v_first && encode(&m->k, p.kv.k_data, p.kv.stride_page, p.kv.stride_n, p.kv.stride_h) &&
                   encode(&m->v, p.kv.v_data, p.v_stride_page, p.v_stride_n, p.v_stride_h);
-  std::memset(&cached.key, 0, sizeof(Key));  // (padding too: the key is compared bytewise)
-  cached.key.k = key.k, cached.key.v = key.v;
-  std::memcpy(cached.key.geometry, key.geometry, sizeof(key.geometry));
+  cached.key = key;
   cached.maps = *m;
   cached.ok = ok;
   cached.valid = true;
@@ -198,8 +197,7 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
                              cudaStream_t stream) {
   const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim);
   TcCopy copy = TcCopy::kCpAsync;
-  static const DecodeTensorMaps kNoMaps{};
-  DecodeTensorMaps maps{};
+  DecodeTensorMaps maps{};  // (only the box engine reads them)
   if (tc) {
     DeviceInfo dev;
     FLASHINFER_CUDA_TRY(current_device_info(&dev));
@@ -224,11 +222,11 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
           break;
         case TcCopy::kRows:
           FLASHINFER_CUDA_TRY(
-              launch(DecodeTCKernel<T, kHeadDim, TcCopy::kRows>, g, b, l.smem, stream, p.pdl, p, l.stages, kNoMaps));
+              launch(DecodeTCKernel<T, kHeadDim, TcCopy::kRows>, g, b, l.smem, stream, p.pdl, p, l.stages, maps));
           break;
         default:
-          FLASHINFER_CUDA_TRY(launch(DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync>, g, b, l.smem, stream, p.pdl, p,
-                                     l.stages, kNoMaps));
+          FLASHINFER_CUDA_TRY(
+              launch(DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync>, g, b, l.smem, stream, p.pdl, p, l.stages, maps));
       }
       launched = true;
     }
