@@ -37,15 +37,29 @@ fb::DType parse_dtype(const std::string& s) {
   fb::fail("decode: dtype must be float16 or bfloat16; got " + s);
 }
 
-int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode, int* num_sms) {
+int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode, int* num_sms, int stages = 0) {
   int ctas = 0;
   fb::with_dtype("decode", dt, [&](auto tag) {
     using T = decltype(tag);
     const cudaError_t err = flashinfer::attention::DecodeCtasPerSM<T>(head_dim, group, use_tc,
-                                                                      static_cast<PosEncodingMode>(pos_mode), &ctas, num_sms);
+                                                                      static_cast<PosEncodingMode>(pos_mode), &ctas, num_sms,
+                                                                      stages);
     if (err != cudaSuccess) fb::throw_cuda("decode plan", err);
   });
   return ctas;
+}
+
+// The plan's pipeline depth: kDecodeDeepStages for small tensor-core work (decode_prefers_deep),
+// with cfg->ctas_per_sm at that depth; 0 (the launch default) otherwise.
+int deep_stages(const std::vector<int64_t>& lens, const std::string& dtype, int head_dim, int num_qo_heads,
+                int num_kv_heads, bool use_tc, int pos_mode, flashinfer::attention::DecodePlanConfig* cfg) {
+  using namespace flashinfer::attention;
+  if (!decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim) ||
+      !decode_prefers_deep(lens, num_kv_heads, cfg->num_sms))
+    return 0;
+  cfg->ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
+                                 &cfg->num_sms, kDecodeDeepStages);
+  return kDecodeDeepStages;
 }
 
 // Split-KV tuning knobs for benchmarks, read once: FLASHINFER_DECODE_WAVES (aim at this many
@@ -159,14 +173,15 @@ class DecodeRunner {
                double soft_cap, double rope_scale, double rope_theta, uintptr_t indptr, uintptr_t indices,
                uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
                uintptr_t partial_o, uintptr_t partial_lse, uintptr_t merge_counters, bool launch_merge,
-               int64_t max_grid, int64_t max_page_index, bool use_tc)
+               int64_t max_grid, int64_t max_page_index, bool use_tc, int64_t num_items_host, int stages)
       : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
         hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
         sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
         rope_theta_(float(rope_theta)), indptr_(indptr), indices_(indices), last_(last_page_len), seq_lens_(seq_lens),
         items_(items), num_items_(num_items), merge_(merge), partial_o_(partial_o), partial_lse_(partial_lse),
         counters_(merge_counters),
-        launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc) {
+        launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc),
+        num_items_host_(num_items_host), stages_(stages) {
     check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
   }
 
@@ -246,6 +261,8 @@ class DecodeRunner {
       p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
       p.items = reinterpret_cast<const flashinfer::attention::DecodeWorkItem*>(items_);
       p.num_items = reinterpret_cast<const int32_t*>(num_items_);
+      p.num_items_host = num_items_host_;
+      p.stages = stages_;
       p.merge = reinterpret_cast<const flashinfer::attention::DecodeMergeInfo*>(merge_);
       p.partial_o = reinterpret_cast<float*>(partial_o_);
       p.partial_lse = reinterpret_cast<float*>(partial_lse_);
@@ -277,12 +294,17 @@ class DecodeRunner {
   bool launch_merge_;
   int64_t max_grid_, max_page_index_;
   bool use_tc_;
+  int64_t num_items_host_;  // > 0: the plan's item count (0 under CUDA graphs: read on the device)
+  int stages_;              // > 0: the plan's pipeline depth
 };
 
-// Host planner: kv lengths -> (items [n, 5], merge [batch, 2], partial states, any split, chunk).
-nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> kv_lens, int num_qo_heads,
+// Host planner: kv lengths and page-table starts -> (items [n, 8], merge [batch, 2], partial
+// states, any split, chunk, grid, stages). allow_deep: small work may take the deep pipeline
+// (decode_prefers_deep; not under CUDA graphs, whose launch shape must not depend on the plan).
+nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> kv_lens,
+               nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> page_begins, int num_qo_heads,
                int num_kv_heads, int head_dim, int64_t page_size, const std::string& dtype, bool disable_split_kv,
-               int64_t fixed_split_tokens, bool use_tc, int pos_mode, int device) {
+               int64_t fixed_split_tokens, bool use_tc, int pos_mode, int device, bool allow_deep) {
   const char* op = "BatchDecodeWithPagedKVCacheWrapper.plan";
   check_head_dim(op, head_dim);
   if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
@@ -300,16 +322,22 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   cfg.fixed_split_tokens = fixed_split_tokens;
   apply_split_knobs(&cfg);
   std::vector<int64_t> lens(kv_lens.data(), kv_lens.data() + kv_lens.shape(0));
-  const auto pl = flashinfer::attention::plan_decode(lens, cfg);
+  if (page_begins.shape(0) != kv_lens.shape(0))
+    fb::fail(std::string(op) + ": page_begins must have one entry per request");
+  std::vector<int64_t> begins(page_begins.data(), page_begins.data() + page_begins.shape(0));
+  const int stages = allow_deep ? deep_stages(lens, dtype, head_dim, num_qo_heads, num_kv_heads, use_tc, pos_mode, &cfg) : 0;
+  const auto pl = flashinfer::attention::plan_decode(lens, cfg, begins);
   const size_t n = pl.items.size();
-  std::vector<int32_t> dummy(5, 0);
-  auto items = numpy_copy(n ? reinterpret_cast<const int32_t*>(pl.items.data()) : dummy.data(), {n, 5});
+  constexpr size_t kInts = flashinfer::attention::kDecodeWorkItemInts;
+  std::vector<int32_t> dummy(kInts, 0);
+  auto items = numpy_copy(n ? reinterpret_cast<const int32_t*>(pl.items.data()) : dummy.data(), {n, kInts});
   auto merge = numpy_copy(lens.empty() ? dummy.data() : reinterpret_cast<const int32_t*>(pl.merge.data()), {lens.size(), 2});
   return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens,
-                        int64_t{cfg.num_sms} * cfg.ctas_per_sm);
+                        int64_t{cfg.num_sms} * cfg.ctas_per_sm, stages);
 }
 
-// Keys per chunk and chunk count for single decode of kv_len keys (the same planner).
+// Keys per chunk, chunk count and pipeline depth for single decode of kv_len keys (the same
+// planner).
 nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int head_dim, const std::string& dtype,
                       bool use_tc, int pos_mode, int device) {
   const char* op = "single_decode_with_kv_cache";
@@ -321,16 +349,17 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   apply_split_knobs(&cfg);
+  const int stages = deep_stages({kv_len}, dtype, head_dim, num_qo_heads, num_kv_heads, use_tc, pos_mode, &cfg);
   const auto pl = flashinfer::attention::plan_decode({kv_len}, cfg);
   const int64_t chunks = pl.merge[0].num_chunks;
   const int64_t chunk = chunks > 1 ? (kv_len + chunks - 1) / chunks : (kv_len > 0 ? kv_len : 1);
-  return nb::make_tuple(chunk, chunks);
+  return nb::make_tuple(chunk, chunks, stages);
 }
 
 void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
                    std::optional<MutTensor> partial_o, std::optional<MutTensor> partial_lse, int layout,
                    int64_t chunk, int64_t chunks, int pos_mode, int window_left, double sm_scale, double soft_cap,
-                   double rope_scale, double rope_theta, bool use_tc, uintptr_t stream, bool enable_pdl) {
+                   double rope_scale, double rope_theta, bool use_tc, uintptr_t stream, bool enable_pdl, int stages) {
   const fb::Checker c{"single_decode_with_kv_cache"};
   c.ndim_in(q, "q", {2}, "2-D [num_qo_heads, head_dim]");
   const fb::DType dt = c.dtype_half(q, "q");
@@ -390,6 +419,7 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.pos_encoding = static_cast<PosEncodingMode>(pos_mode);
     p.rope_scale = float(rope_scale), p.rope_theta = float(rope_theta);
     p.pdl = pdl;
+    p.stages = stages;
     const int64_t n_items = int64_t{hkv} * p.sub_groups * chunks;
     const cudaError_t err = flashinfer::attention::Decode(p, use_tc, chunks > 1, n_items, fb::as_stream(stream));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
@@ -400,17 +430,19 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
 
 NB_MODULE(_decode, m) {
   m.doc() = "flashinfer decode attention (see flashinfer.decode)";
-  m.def("plan", &plan, "kv_lens"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
-        "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
+  m.def("plan", &plan, "kv_lens"_a, "page_begins"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
+        "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a,
+        "allow_deep"_a);
   m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
         "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
   m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial_o"_a.none(),
         "partial_lse"_a.none(), "layout"_a, "chunk"_a, "chunks"_a, "pos_encoding_mode"_a, "window_left"_a,
-        "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "use_tensor_cores"_a, "stream"_a, "enable_pdl"_a);
+        "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "use_tensor_cores"_a, "stream"_a, "enable_pdl"_a,
+        "stages"_a);
   nb::class_<DecodeRunner>(m, "DecodeRunner")
       .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool>())
+                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
            "stream"_a, "enable_pdl"_a);
 }

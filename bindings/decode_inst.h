@@ -13,6 +13,7 @@ template <typename T>
 cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid, cudaStream_t stream);
 // CTAs of the decode kernel resident per SM on the current device (for the planner).
 template <typename T>
-cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms);
+cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms,
+                            int stages);
 }  // namespace attention
 }  // namespace flashinfer

@@ -14,5 +14,5 @@ while IFS='|' read -r label assigns; do
   env $assigns python3 -m flashinfer.bench --testlist "${CASES}" --no-ref --host-calls ${HOST_CALLS:-50} \
     --reps ${REPS:-50} > "$OUT/${TAG:-sweep}_$i.txt" 2> "$OUT/${TAG:-sweep}_$i.err"
   echo "== $label ($assigns)"
-  cut -c1-95 "$OUT/${TAG:-sweep}_$i.txt"; tail -2 "$OUT/${TAG:-sweep}_$i.err"
+  cut -c1-130 "$OUT/${TAG:-sweep}_$i.txt"; tail -2 "$OUT/${TAG:-sweep}_$i.err"
 done <<< "${CONFIGS}"

@@ -5,14 +5,24 @@ import re
 import subprocess
 import sys
 
-entries, cur = {}, None
+# Stack and spill lines follow "Function properties for <name>": they belong to the entry only
+# when <name> is the entry itself (device functions such as __internal_accurate_pow have their
+# own properties block after the entry's, which must not overwrite it).
+entries, cur, props_of_entry = {}, None, False
 for line in sys.stdin:
     m = re.search(r"Compiling entry function '(\S+)' for '(\S+)'", line)
     if m:
         cur = (m.group(1), m.group(2))
         entries[cur] = {}
+        props_of_entry = False
         continue
     if cur is None:
+        continue
+    m = re.search(r"Function properties for (\S+)", line)
+    if m:
+        props_of_entry = m.group(1) == cur[0]
+        continue
+    if not props_of_entry:
         continue
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
     if m:

@@ -29,6 +29,38 @@ FLASHINFER_DEVICE void copy_4d(void* smem, const CUtensorMap* map, int c0, int c
 #endif
 }
 
+// Starts fetching the descriptor `map` (kernel parameter or global memory) so that the first
+// copy through it does not wait for it.
+FLASHINFER_DEVICE void prefetch_map(const CUtensorMap* map) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// An L2 eviction policy for every line a copy touches: evict-first (streamed data read once:
+// its lines are replaced before anything else, so it does not push other data, dirty lines
+// included, out of L2).
+FLASHINFER_DEVICE uint64_t l2_evict_first_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+// copy_4d with an L2 cache policy (l2_evict_first_policy()).
+FLASHINFER_DEVICE void copy_4d_hint(void* smem, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar,
+                                    uint64_t policy) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6], %7;\n" ::"r"(cp_async::smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(cp_async::smem_addr(bar)),
+      "l"(policy)
+      : "memory");
+#endif
+}
+
 // Byte offset of 16-byte chunk `chunk` (< 8) of row `row` in a tile of 128-byte rows written
 // with CU_TENSOR_MAP_SWIZZLE_128B: the chunk index is XORed with row % 8.
 FLASHINFER_HOST_DEVICE constexpr uint32_t swizzle128(int row, int chunk) {

@@ -273,10 +273,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError(f"len(indices) ({indices_h.size}) exceeds paged_kv_indices_buffer "
                                  f"({len(self._paged_kv_indices_buf)})")
 
-        items, merge, n_partial, any_split, _chunk, grid = _decode.plan(
-            np.ascontiguousarray(kv_lens, dtype=np.int64), num_qo_heads, num_kv_heads, head_dim, int(page_size),
+        items, merge, n_partial, any_split, _chunk, grid, stages = _decode.plan(
+            np.ascontiguousarray(kv_lens, dtype=np.int64), np.ascontiguousarray(indptr_h[:-1], dtype=np.int64),
+            num_qo_heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
-            self.device.index or 0)
+            self.device.index or 0, not self._use_cuda_graph)
         need_f = n_partial * num_qo_heads * (head_dim + 1) * 4
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         if need_f > have_f:
@@ -285,7 +286,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # int workspace, 16-byte aligned regions whose offsets depend only on the batch size
         # (CUDA-graph replays keep the pointers captured at the first run):
         #   [num_items | merge [B,2] | kv_lens [B] | merge counters [B, units] (zero; the kernel
-        #    resets them after use) | (page table, without CUDA graphs) | items [n,5]]
+        #    resets them after use) | (page table, without CUDA graphs) | items [n,8]]
         units = num_kv_heads * -(-(num_qo_heads // num_kv_heads) // 8)
         parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
                  kv_lens.astype(np.int32), np.zeros(batch * units, np.int32)]
@@ -337,7 +338,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
             base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
-            self._use_tensor_cores)
+            self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages)
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._head_dim = head_dim
@@ -487,7 +488,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
             raise ValueError(f"single_decode_with_kv_cache: q.dtype must be float16 or bfloat16; got {dtype}")
         chunking = _SINGLE_PLAN_CACHE[key] = _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim, dtype,
                                                                      bool(use_tensor_cores), pos, dev)
-    chunk, chunks = chunking
+    chunk, chunks, stages = chunking
     out = fw.empty_like(q)
     lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
     partial_o = partial_lse = None
@@ -502,7 +503,8 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
                           layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
                           float(logits_soft_cap) if logits_soft_cap else 0.0,
                           1.0 if rope_scale is None else float(rope_scale),
-                          1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True)
+                          1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True,
+                          stages)
     if v_scale is not None and v_scale != 1:
         out = out * v_scale
     return (out, lse) if return_lse else out

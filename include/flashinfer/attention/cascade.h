@@ -61,6 +61,8 @@ constexpr int kMergeStatesVecs = 2;
 constexpr int kMergeStatesUnroll = 4;
 constexpr int kMergeStatesMaxStages = 8;
 constexpr int kMergeThreads = 256;  // block size for problems large enough to fill it
+constexpr int kMergeStateThreads = 128;     // MergeState's block size (see MergeState)
+constexpr int kMergeStateMaxThreads = 512;  // MergeStateKernel's bound (FLASHINFER_MERGE_THREADS)
 constexpr int64_t kMergeMaxBlocks = 2147483647;  // gridDim.x limit
 constexpr int64_t kMergeMaxHeadDim = int64_t{1} << 24;  // keeps vector indices in 32 bits
 
@@ -90,7 +92,9 @@ struct MergeShape {
 
 // row_heads = seq_len * num_heads (> 0); vec_elems divides head_dim (>= 0; 0 gives an
 // LSE-only shape: one thread per row-head, no vectors).
-inline MergeShape merge_shape(int64_t row_heads, int64_t head_dim, int vec_elems, int vecs) {
+// max_threads: block size for problems that fill it (a multiple of 32).
+inline MergeShape merge_shape(int64_t row_heads, int64_t head_dim, int vec_elems, int vecs,
+                              int max_threads = kMergeThreads) {
   MergeShape l;
   l.vec_elems = vec_elems;
   l.vecs = vecs;
@@ -104,7 +108,7 @@ inline MergeShape merge_shape(int64_t row_heads, int64_t head_dim, int vec_elems
   l.rounds = static_cast<int>(rounds > 1 ? rounds : 1);
   l.tiles = row_heads * l.rounds;
   const int64_t needed = round_up<int64_t>(l.tiles * l.group, 32);
-  l.threads = static_cast<int>(needed < kMergeThreads ? needed : kMergeThreads);
+  l.threads = static_cast<int>(needed < max_threads ? needed : max_threads);
   l.groups_per_block = l.threads / l.group;
   l.blocks = ceil_div<int64_t>(l.tiles, l.groups_per_block);
   return l;

@@ -49,11 +49,15 @@ struct Item {
   int64_t request, unit, lo, hi, slot;
   int kv_head, qh0, ng;
   int64_t kv_len;
+  int64_t page_begin;  // the request's first page-table entry (paged caches)
 };
 
+// Work items of the launch: the host's count when it passed one (num_items_host > 0: no load
+// before the first item's), else the plan's device scalar (CUDA graphs re-plan it).
 template <typename T>
 FLASHINFER_DEVICE int64_t num_items(const DecodeParams<T>& p) {
-  return p.items ? int64_t{*p.num_items} : int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
+  if (!p.items) return int64_t{p.num_kv_heads} * p.sub_groups * p.implicit_chunks;
+  return p.num_items_host > 0 ? p.num_items_host : int64_t{*p.num_items};
 }
 
 template <typename T>
@@ -62,11 +66,13 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   if (p.items) {
     const DecodeWorkItem w = p.items[i];
     it.request = w.request, it.unit = w.unit, it.lo = w.kv_begin, it.hi = w.kv_end, it.slot = w.slot;
-    it.kv_len = p.kv_len(it.request);
+    it.kv_len = w.kv_len;
+    it.page_begin = w.page_begin;
   } else {
     const int64_t units = int64_t{p.num_kv_heads} * p.sub_groups;
     const int64_t chunk = i / units;
     it.kv_len = p.kv_len(0);
+    it.page_begin = p.contiguous_len < 0 ? p.kv.indptr[0] : 0;
     it.request = 0, it.unit = i % units, it.slot = p.implicit_chunks > 1 ? chunk : -1;
     it.lo = min(it.kv_len, chunk * p.implicit_chunk);
     it.hi = min(it.kv_len, (chunk + 1) * p.implicit_chunk);

@@ -32,6 +32,7 @@ struct DecodeParams {
   // Work: an explicit list (batch) or an implicit uniform split of request 0 (single decode).
   const DecodeWorkItem* items;  // [*num_items] or null
   const int32_t* num_items;     // device scalar (read by the persistent grid)
+  int64_t num_items_host;       // > 0: the same count, known at launch (0: unknown, as under CUDA graphs)
   int64_t implicit_chunk;       // items == null: keys per chunk of request 0
   int64_t implicit_chunks;      // items == null: number of chunks
   const DecodeMergeInfo* merge;  // [batch] (explicit) or null
@@ -50,6 +51,7 @@ struct DecodeParams {
   PosEncodingMode pos_encoding;
   float rope_scale, rope_theta;
   bool pdl;
+  int stages;  // > 0: the plan's pipeline depth (decode_prefers_deep); 0: the launch default
 
   FLASHINFER_HOST_DEVICE int64_t kv_len(int64_t b) const {
     if (contiguous_len >= 0) return contiguous_len;
@@ -62,6 +64,13 @@ struct DecodeParams {
 // 16-byte vectors and ty = 128 / tx key groups work side by side (decode_cc.cuh).
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMaxGroup = 8;  // q heads per CTA (larger groups split into sub-groups)
+
+// Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
+// (ROPE_LLAMA) and head_dim 256 (its 128 fp32 accumulators per thread would spill), which
+// stay on the CUDA-core kernel.
+inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim) {
+  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
+}
 
 // The per-CTA q-head bucket a group size compiles to: 1, 2, 4 or 8.
 inline int decode_group_bucket(int group_size) {

@@ -75,7 +75,10 @@ FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
 
 // Dynamic shared memory: max(stages * decode_cc_stage_bytes(kHeadDim, kG),
 // decode_merge_smem(kHeadDim)); stages >= 2. Registers: <= 128 for kG <= 4 (4 CTAs per SM);
-// kG 8 holds 128 floats of q and o alone (2 CTAs per SM).
+// kG 8 holds 128 floats of q and o alone (2 CTAs per SM). kG 4 spills ~250 bytes at 128
+// registers, yet 4 CTAs beat 3 without spills (164 registers) on the H200 (bf16, 32/8 x 128,
+// page 16, us): 64 x 2048 196.0 vs 218.5, head_dim 256 64 x 2048 204.7 vs 209.8; 1 x 32768
+// 70.3 vs 69.6, 1 x 4096 25.4 vs 24.7.
 template <typename T, int kHeadDim, int kG>
 __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
     DecodeCCKernel(const DecodeParams<T> p, const int stages) {
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
 
     const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + tx * 8;
     const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * 8;
-    const int64_t page_base = paged ? int64_t{p.kv.indptr[b]} : 0;
+    const int64_t page_base = paged ? it.page_begin : 0;
     // Walks this group's first key of each stage, lo + ty * kKeys + tile * kStageKeys; the
     // fetch of a tile (its page ids and first entry) is taken one iteration before its copy.
     PageCursor cur(static_cast<int32_t>(lo + ty * kKeys), page_size, kStageKeys);

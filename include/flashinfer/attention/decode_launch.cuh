@@ -75,12 +75,7 @@ cudaError_t decode_launch_shape(int64_t stage_bytes, int64_t merge_smem, DecodeL
 
 // Launches decode (+ the merge when `launch_merge`) for head_dim kHeadDim and a q-head
 // bucket kG >= min(group_size, 8). `grid` 0: the device's persistent grid.
-// Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
-// (ROPE_LLAMA) and head_dim 256 (its 128 fp32 accumulators per thread would spill), which
-// stay on the CUDA-core kernel with q-head bucket kG.
-inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim) {
-  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
-}
+// (Which kernel a call takes: decode_uses_tc, decode.h.)
 
 // The tensor-core kernel's copy engine asked for: tensor-map boxes on sm_90+ unless
 // FLASHINFER_DECODE_COPY (read once) says "bulk" (row copies) or "cpasync". A call whose
@@ -96,6 +91,25 @@ inline TcCopy decode_tc_copy_asked(const DeviceInfo& dev) {
     return TcCopy::kBoxes;
   }();
   return dev.cc_major >= 9 ? mode : TcCopy::kCpAsync;
+}
+
+// Whether the box engine marks the K/V lines it streams L2 evict-first, so that they replace
+// each other rather than the dirty lines earlier kernels left in L2 (whose write-back would
+// share DRAM with the stream): for batches of at most kDecodeL2FirstBatch requests, where each
+// CTA streams one long run. H200, bf16, 32/8 x 128, page 16, L2 dirty from a 256 MiB memset
+// (us, normal -> evict-first): 1 x 32768 53.2 -> 51.4, single decode 32768 52.0 -> 50.0,
+// 16 x 4096 84.4 -> 84.9, 1 x 4096 19.5 -> 19.4, 64 x 2048 149.3 -> 151.8, 256 x 1024
+// 281.8 -> 285.8, 128 x 8192 1050 -> 1050. FLASHINFER_DECODE_L2=first|normal (read once)
+// forces a policy.
+constexpr int64_t kDecodeL2FirstBatch = 4;
+inline bool decode_tc_l2_evict_first(int64_t batch_size) {
+  static const int forced = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_L2");
+    if (e && std::strcmp(e, "first") == 0) return 1;
+    if (e && std::strcmp(e, "normal") == 0) return 0;
+    return -1;
+  }();
+  return forced >= 0 ? forced == 1 : batch_size <= kDecodeL2FirstBatch;
 }
 
 // Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
@@ -165,8 +179,9 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   return ok;
 }
 
+// stages > 0: that pipeline depth (the plan's), else each kernel's default.
 template <typename T, int kHeadDim, int kG>
-cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l) {
+cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l, int stages = 0) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 (row copies, bf16:
@@ -178,18 +193,19 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l) {
       switch (copy) {
         case TcCopy::kBoxes:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes>>(
-              decode_tc_stage_bytes(kHeadDim, copy), merge, l, kDecodeTCStages, kTcBoxAlign);
+              decode_tc_stage_bytes(kHeadDim, copy), merge, l, stages > 0 ? stages : kDecodeTCStages,
+              kTcBoxAlign);
         case TcCopy::kRows:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kRows>>(
-              decode_tc_stage_bytes(kHeadDim, copy), merge, l, kDecodeTCStages);
+              decode_tc_stage_bytes(kHeadDim, copy), merge, l, stages > 0 ? stages : kDecodeTCStages);
         default:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync>>(
-              decode_tc_stage_bytes(kHeadDim, copy), merge, l, kDecodeTCStages);
+              decode_tc_stage_bytes(kHeadDim, copy), merge, l, stages > 0 ? stages : kDecodeTCStages);
       }
     }
   }
   return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG>>(
-      decode_cc_stage_bytes(kHeadDim, kG), decode_merge_smem(kHeadDim), l, decode_cc_stages(kG));
+      decode_cc_stage_bytes(kHeadDim, kG), decode_merge_smem(kHeadDim), l, stages > 0 ? stages : decode_cc_stages(kG));
 }
 
 template <typename T, int kHeadDim, int kG>
@@ -204,10 +220,11 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     copy = decode_tc_copy_asked(dev);
     if (copy == TcCopy::kBoxes && !(kHeadDim <= 128 && decode_tc_boxes_fit(p) && decode_tc_tensor_maps(p, &maps)))
       copy = TcCopy::kRows;
+    maps.l2_evict_first = decode_tc_l2_evict_first(p.batch_size) ? 1 : 0;
     if (copy == TcCopy::kRows && !decode_tc_bulk_aligned(p)) copy = TcCopy::kCpAsync;
   }
   DecodeLaunch l;
-  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, &l)));
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, &l, p.stages)));
   // (never: stages <= kMaxStages == kTcMaxStages, the mbarriers the kernel has)
   if (copy != TcCopy::kCpAsync && l.stages > kTcMaxStages) return cudaErrorInvalidValue;
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
@@ -261,9 +278,11 @@ cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int
   return err;
 }
 
-// CTAs of the decode kernel resident per SM on the current device (the planner's input).
+// CTAs of the decode kernel resident per SM on the current device (the planner's input), at
+// pipeline depth `stages` (0: the default).
 template <typename T>
-cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms) {
+cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms,
+                            int stages) {
   const bool tc = decode_uses_tc(use_tc, pos, head_dim);
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev));
@@ -274,10 +293,10 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, &l); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, &l); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, &l); break;
-      default: err = decode_shape_for<T, kD, 8>(tc, copy, &l); break;
+      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, &l, stages); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, &l, stages); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, &l, stages); break;
+      default: err = decode_shape_for<T, kD, 8>(tc, copy, &l, stages); break;
     }
     return Status::kSuccess;
   };

@@ -55,6 +55,7 @@ FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim, TcC
 struct DecodeTensorMaps {
   CUtensorMap k, v;
   int entry_dim;
+  int l2_evict_first;  // nonzero: the boxes' lines are L2 evict-first (see decode_tc_l2_evict_first)
 };
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
   return int64_t{kTcWarps} * kDecodeMaxGroup * (head_dim + 2) * 4;
@@ -115,6 +116,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int brow = static_cast<int>(threadIdx.x) % kTcTile;
   const bool bv = static_cast<int>(threadIdx.x) >= kTcTile;
   uint32_t phase = 0;  // bit s: parity of stage s's next completion
+  if constexpr (kBoxes) {  // the descriptors' fetch overlaps the barrier setup and the first item's load
+    if (threadIdx.x == 32) {
+      tma::prefetch_map(&maps.k);
+      tma::prefetch_map(&maps.v);
+    }
+  }
   if constexpr (kBulk) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < stages; ++s) bulk::mbarrier_init(&bars[s], 1);
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + chunk * 8;
     const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + chunk * 8;
     const bool paged = p.contiguous_len < 0;
-    const int32_t* page_ids = paged ? p.kv.indices + p.kv.indptr[b] : nullptr;
+    const int32_t* page_ids = paged ? p.kv.indices + it.page_begin : nullptr;
     const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
     // Bulk: pg[0] / pg[1] = page id and in-page entry of this thread's row. Tiles are loaded
     // in order, so the row's slot advances by a cursor (no division per tile); rows past the
@@ -221,10 +228,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
           if (lane == 0 && warp < box_pages && t_lo + warp * box_e < hi32) {
             char* kdst = smem + s * kStage + warp * box_e * 128;
             const int c1 = maps.entry_dim == 1 ? pg[1] : kv_head, c2 = maps.entry_dim == 1 ? kv_head : pg[1];
-            FLASHINFER_UNROLL
-            for (int h = 0; h < kHeadDim / 64; ++h) {
-              tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * 64, c1, c2, pg[0], &bars[s]);
-              tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * 64, c1, c2, pg[0], &bars[s]);
+            if (maps.l2_evict_first) {
+              const uint64_t pol = tma::l2_evict_first_policy();
+              FLASHINFER_UNROLL
+              for (int h = 0; h < kHeadDim / 64; ++h) {
+                tma::copy_4d_hint(kdst + h * (kTcTile * 128), &maps.k, h * 64, c1, c2, pg[0], &bars[s], pol);
+                tma::copy_4d_hint(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * 64, c1, c2, pg[0], &bars[s],
+                                  pol);
+              }
+            } else {
+              FLASHINFER_UNROLL
+              for (int h = 0; h < kHeadDim / 64; ++h) {
+                tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * 64, c1, c2, pg[0], &bars[s]);
+                tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * 64, c1, c2, pg[0], &bars[s]);
+              }
             }
           }
         }

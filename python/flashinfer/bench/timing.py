@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -38,13 +39,20 @@ class Timer:
         self.torch = torch
         self.device = device or torch.device("cuda")
         self.flush = torch.empty(flush_mib << 20, dtype=torch.uint8, device=self.device)
+        # FLASHINFER_BENCH_FLUSH=read (a diagnostic, not the peers' method): flush by reading the
+        # buffer, which leaves L2 full of clean lines instead of the memset's dirty ones.
+        if os.environ.get("FLASHINFER_BENCH_FLUSH") == "read":
+            words = self.flush.view(torch.int32)
+            self.flush_l2 = lambda: words.amax()
+        else:
+            self.flush_l2 = self.flush.zero_
         # torch.cuda._sleep spins this many cycles; ~2 GHz -> 1 ms hides any enqueue burst.
         self.sleep_cycles = 2_000_000
 
     def gpu_us(self, fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> Stats:
         torch = self.torch
         for _ in range(warmup):  # the timed sequence itself (flush, events, op), first uses included
-            self.flush.zero_()
+            self.flush_l2()
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             fn()
@@ -54,7 +62,7 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         torch.cuda._sleep(self.sleep_cycles)
         for i in range(reps):
-            self.flush.zero_()
+            self.flush_l2()
             starts[i].record()
             fn()
             ends[i].record()

@@ -96,7 +96,7 @@ void run_case(const Case& c, uint64_t seed) {
     for (int ch = 0; ch < nch; ++ch)
       for (int u = 0; u < units; ++u) {
         const int lo = nch > 1 ? ch * c.chunk : 0, hi = nch > 1 ? min(L, (ch + 1) * c.chunk) : L;
-        items.push_back({b, u, lo, hi, nch > 1 ? slots + ch : -1});
+        items.push_back({b, u, lo, hi, nch > 1 ? slots + ch : -1, L, contiguous ? 0 : indptr[b], 0});
       }
     if (nch > 1) slots += nch;
   }

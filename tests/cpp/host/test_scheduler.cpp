@@ -16,7 +16,11 @@ using flashinfer::ceil_div;
 using flashinfer::round_up;
 
 static void check_plan(const std::vector<int64_t>& lens, const DecodePlanConfig& cfg) {
-  const DecodePlan p = plan_decode(lens, cfg);
+  // page-table starts as a page table of these lengths would have them (indptr[b])
+  std::vector<int64_t> begins(lens.size());
+  int64_t next = 0;
+  for (size_t b = 0; b < lens.size(); ++b) begins[b] = next, next += ceil_div<int64_t>(lens[b], 16);
+  const DecodePlan p = plan_decode(lens, cfg, begins);
   const int64_t units = int64_t{cfg.num_kv_heads} * p.sub_groups;
   CHECK(p.sub_groups * cfg.max_group_per_cta >= cfg.group_size);
   CHECK((p.sub_groups - 1) * cfg.max_group_per_cta < cfg.group_size);
@@ -30,6 +34,7 @@ static void check_plan(const std::vector<int64_t>& lens, const DecodePlanConfig&
     CHECK(0 <= it.kv_begin && it.kv_begin <= it.kv_end && it.kv_end <= lens[it.request]);
     if (p.chunk_tokens > 0) CHECK(it.kv_end - it.kv_begin <= p.chunk_tokens);
     CHECK(it.kv_begin % kDecodeChunkAlign == 0);  // the tensor-core kernel's box copies start on a page
+    CHECK(it.kv_len == lens[it.request] && it.page_begin == begins[it.request]);  // what the kernels read
     ranges[{it.request, it.unit}].push_back({it.kv_begin, it.kv_end});
     const DecodeMergeInfo& m = p.merge[it.request];
     if (m.num_chunks > 1) {
@@ -72,6 +77,11 @@ int main() {
       check_plan(lens, cfg);
     }
   }
+  // Small work takes the deep pipeline; a decode step of 16 x 4096 does not.
+  CHECK(decode_prefers_deep({4096}, 8, 132));
+  CHECK(decode_prefers_deep({1024, 1024, 1024, 1024}, 8, 132));
+  CHECK(!decode_prefers_deep(std::vector<int64_t>(16, 4096), 8, 132));
+  CHECK(!decode_prefers_deep({32768}, 8, 132));
   // One long request fills the GPU.
   cfg.group_size = 4;
   cfg.num_kv_heads = 8;
