@@ -50,12 +50,17 @@ int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode
 }
 
 // The plan's pipeline depth: kDecodeDeepStages for small tensor-core work (decode_prefers_deep),
-// with cfg->ctas_per_sm at that depth; 0 (the launch default) otherwise.
+// with cfg->ctas_per_sm at that depth; 0 (the launch default) otherwise. FLASHINFER_DECODE_DEEP
+// (read once): 0 never plans deep, <n> > 1 moves the threshold to n keys x KV heads per SM.
 int deep_stages(const std::vector<int64_t>& lens, const std::string& dtype, int head_dim, int num_qo_heads,
                 int num_kv_heads, bool use_tc, int pos_mode, flashinfer::attention::DecodePlanConfig* cfg) {
   using namespace flashinfer::attention;
+  static const int64_t keys_per_sm = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_DEEP");
+    return e && *e ? static_cast<int64_t>(std::atoll(e)) : kDecodeDeepKeysPerSM;
+  }();
   if (!decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim) ||
-      !decode_prefers_deep(lens, num_kv_heads, cfg->num_sms))
+      !decode_prefers_deep(lens, num_kv_heads, cfg->num_sms, keys_per_sm))
     return 0;
   cfg->ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
                                  &cfg->num_sms, kDecodeDeepStages);

@@ -149,14 +149,17 @@ inline int64_t choose_decode_chunk(const std::vector<int64_t>& kv_lens, int64_t 
 
 // Small work (at most kDecodeDeepKeysPerSM keys x kv heads per SM) is latency-bound: one CTA
 // per SM with a deeper pipeline (all of an item's tiles in flight at once) beats two CTAs of
-// three stages. H200, bf16, 1 x 4096 keys x 8 heads (248 per SM): 17.8 vs 19.4 us; 16 x 4096
-// (3971 per SM): 86.2 vs 83.4.
+// three stages. H200, bf16, 32/8 heads x 128, page 16 (us, deep vs not): 1 x 4096 (248 keys
+// per SM) 16.8 vs 19.2, single decode 4096 17.3 vs 19.7; at 993 per SM 1 x 16384 31.8 vs
+// 32.9, single 16384 30.5 vs 32.9, 16 x 1024 31.2 vs 32.5, but 8 x 2048 34.3 vs 33.2 and
+// 4 x 4096 31.4 vs 30.8; at 1986 per SM (8 x 4096, 32 x 1024) deep loses 5-12%.
 constexpr int64_t kDecodeDeepKeysPerSM = 1024;
 constexpr int kDecodeDeepStages = 4;
-inline bool decode_prefers_deep(const std::vector<int64_t>& kv_lens, int num_kv_heads, int num_sms) {
+inline bool decode_prefers_deep(const std::vector<int64_t>& kv_lens, int num_kv_heads, int num_sms,
+                                int64_t keys_per_sm = kDecodeDeepKeysPerSM) {
   int64_t total = 0;
   for (int64_t len : kv_lens) total += len;
-  return total * num_kv_heads <= kDecodeDeepKeysPerSM * std::max(num_sms, 1);
+  return total * num_kv_heads <= keys_per_sm * std::max(num_sms, 1);
 }
 
 // kv_lens: keys of each request (0 allowed); page_begins: each request's first page-table
