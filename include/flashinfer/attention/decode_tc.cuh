@@ -74,8 +74,12 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
 
 // kCopy: the copy engine (rows and boxes: sm_90+, stages <= kTcMaxStages, K/V rows 16-byte
 // aligned; boxes: `maps` describe the cache, see TcCopy).
+// Registers: the cp.async engine (sm_80's) is held to 128, i.e. 4 CTAs per SM where shared
+// memory allows (unbounded, its head_dim 64 build took 164); the sm_90 engines keep ptxas's
+// choice (124-128; a minimum of 0 blocks leaves their SASS identical to no minimum, while 1
+// moved the box engine to 140 registers).
 template <typename T, int kHeadDim, TcCopy kCopy>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 : 0)
     DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
   static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
   static_assert(kDecodeThreads == 2 * kTcTile, "bulk copies: one K or V row per thread per tile");
