@@ -145,6 +145,21 @@ def test_copy_engines(engine):
     assert " passed" in r.stdout and "failed" not in r.stdout
 
 
+@pytest.mark.parametrize("knob", ["FLASHINFER_DECODE_DEEP=0", "FLASHINFER_DECODE_DEEP=1000000000",
+                                  "FLASHINFER_DECODE_L2=first", "FLASHINFER_DECODE_L2=normal"])
+def test_plan_depth_and_l2_policy(knob):
+    """The tensor-core cases (and the CUDA-graph replay) with the plan-time deep pipeline off or
+    taken by every plan, and with the box copies' L2 policy forced either way: the defaults pick
+    per call, so each setting must be right on every shape. A fresh interpreter per knob."""
+    name, value = knob.split("=")
+    env = dict(os.environ, **{name: value})
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores"],
+                       env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
+
+
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("head_dim", [64, 128])
