@@ -18,8 +18,8 @@ namespace attention {
 // One CTA-sized piece of decode work: q heads [sub*kMaxGroup, ...) of kv head `kv_head` of
 // `request`, over keys [kv_begin, kv_end). slot < 0: the CTA writes the final output;
 // otherwise it writes a partial state to partial slot `slot` (see DecodePlan). The request's
-// key count and first page-table entry ride along, so a CTA starts its copies after one
-// dependent load (the item) instead of three (item, then lengths and indptr).
+// key count and first page-table entry ride along: a CTA loads the item, then its page ids,
+// then copies (no separate loads of the lengths and indptr in between).
 struct DecodeWorkItem {
   int32_t request;
   int32_t unit;  // kv_head * sub_groups + sub
