@@ -49,19 +49,9 @@ template <typename T, int kE>
 struct Pack {
   static_assert(kE == 8 && sizeof(T) == 2, "Pack holds 16-byte vectors of 16-bit values, or one element");
   uint4 u;
-  // kLoad 0: ld.global.cs (evict-first); 1: a plain ld.global; 2: ld.global.nc.L1::no_allocate.
-  template <int kLoad = 0>
-  FLASHINFER_DEVICE void load_stream(const T* p) {
-    if constexpr (kLoad == 1) {
-      u = *reinterpret_cast<const uint4*>(p);
-    } else if constexpr (kLoad == 2) {
-      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                   : "l"(p));
-    } else {
-      u = __ldcs(reinterpret_cast<const uint4*>(p));
-    }
-  }
+  // ld.global.cs (evict-first). H200, merge_state 8192 x 32 x 128 bf16 at 256 threads: 57.6 us,
+  // a plain ld.global 58.5, ld.global.nc.L1::no_allocate 57.6.
+  FLASHINFER_DEVICE void load_stream(const T* p) { u = __ldcs(reinterpret_cast<const uint4*>(p)); }
   // A plain (weak) 16-byte store in PTX: NVVM splits a C++ uint4 store of this reassembled
   // value into four 4-byte ones, and __stwb becomes a strong store.
   FLASHINFER_DEVICE void store(T* p) const {
@@ -82,10 +72,7 @@ struct Pack {
 template <typename T>
 struct Pack<T, 1> {
   T x;
-  template <int kLoad = 0>
-  FLASHINFER_DEVICE void load_stream(const T* p) {
-    x = *p;
-  }
+  FLASHINFER_DEVICE void load_stream(const T* p) { x = *p; }
   FLASHINFER_DEVICE void store(T* p) const { *p = x; }
   FLASHINFER_DEVICE void to_float(float* f) const { f[0] = flashinfer::to_float(x); }
   FLASHINFER_DEVICE void from_float(const float* f) { x = flashinfer::from_float<T>(f[0]); }
@@ -122,8 +109,7 @@ FLASHINFER_DEVICE unsigned group_mask(const MergeShape& l) {
 // One tile per group (cascade.h's MergeShape); kE elements per vector (8: 16-byte vectors, 1:
 // any alignment); every load of a thread (kVecs vectors of each input, both LSEs) is issued
 // before the first is used.
-// kLoad: the loads of v_a and v_b (Pack::load_stream).
-template <typename T, int kE, int kVecs, int kLoad = 0>
+template <typename T, int kE, int kVecs>
 __global__ void __launch_bounds__(kMergeStateMaxThreads, kVecs <= 2 ? 3 : (kVecs == 4 ? 2 : 1))
     MergeStateKernel(const MergeStateParams<T> p, const MergeShape l) {
   using V = detail::Pack<T, kE>;
@@ -143,8 +129,8 @@ __global__ void __launch_bounds__(kMergeStateMaxThreads, kVecs <= 2 ? 3 : (kVecs
       for (int i = 0; i < kVecs; ++i) {
         const int j = merge_vec_index(l, lane, r, i);
         if (j < l.head_vecs) {
-          a[i].template load_stream<kLoad>(va + j * kE);
-          b[i].template load_stream<kLoad>(vb + j * kE);
+          a[i].load_stream(va + j * kE);
+          b[i].load_stream(vb + j * kE);
         }
       }
       const float sa = p.s_a[n * p.a.s_n + h * p.a.s_h];
@@ -335,15 +321,8 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
     const int v = e ? std::atoi(e) : 0;
     return v == 1 || v == 2 || v == 4 || v == 8 ? v : 1;
   }();
-  // Tuning knobs (read once): FLASHINFER_MERGE_LOAD=0|1|2 (Pack::load_stream's kLoad, one
-  // vector per thread), FLASHINFER_MERGE_THREADS=128|256|512 (block size). H200, 8192 x 32 x
-  // 128 bf16 (us): loads 0 / 1 / 2 at 256 threads 57.6 / 58.5 / 57.6; 128 / 256 / 512 threads
-  // (loads 0) 56.5 / 57.6 / 59.1.
-  static const int env_load = [] {
-    const char* e = std::getenv("FLASHINFER_MERGE_LOAD");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 1 || v == 2 ? v : 0;
-  }();
+  // Block size: FLASHINFER_MERGE_THREADS=128|256|512 (a tuning knob, read once). H200, 8192 x
+  // 32 x 128 bf16 (us): 128 / 256 / 512 threads 56.5 / 57.6 / 59.1.
   static const int env_threads = [] {
     const char* e = std::getenv("FLASHINFER_MERGE_THREADS");
     const int v = e ? std::atoi(e) : 0;
@@ -355,10 +334,7 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
     if (!vec || l.head_vecs == 0) return launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
     switch (l.vecs) {
-      case 1:
-        if (env_load == 1) return launch(MergeStateKernel<T, kE, 1, 1>, grid, block, 0, stream, p.pdl, p, l);
-        if (env_load == 2) return launch(MergeStateKernel<T, kE, 1, 2>, grid, block, 0, stream, p.pdl, p, l);
-        return launch(MergeStateKernel<T, kE, 1>, grid, block, 0, stream, p.pdl, p, l);
+      case 1: return launch(MergeStateKernel<T, kE, 1>, grid, block, 0, stream, p.pdl, p, l);
       case 4: return launch(MergeStateKernel<T, kE, 4>, grid, block, 0, stream, p.pdl, p, l);
       case 8: return launch(MergeStateKernel<T, kE, 8>, grid, block, 0, stream, p.pdl, p, l);
       default: return launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, 0, stream, p.pdl, p, l);
