@@ -451,7 +451,17 @@ def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_
         disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
 
 
+# single_plan's answers by (kv_len, heads, head_dim, dtype, device, tensor cores, RoPE). A decode
+# loop grows kv_len every step, so the cache is emptied when it reaches _SINGLE_PLAN_CACHE_MAX.
 _SINGLE_PLAN_CACHE: dict = {}
+_SINGLE_PLAN_CACHE_MAX = 4096
+
+
+def _remember_single_plan(key: tuple, value: tuple) -> tuple:
+    if len(_SINGLE_PLAN_CACHE) >= _SINGLE_PLAN_CACHE_MAX:
+        _SINGLE_PLAN_CACHE.clear()
+    _SINGLE_PLAN_CACHE[key] = value
+    return value
 
 
 def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
@@ -486,8 +496,8 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     if chunking is None:
         if dtype not in ("float16", "bfloat16"):
             raise ValueError(f"single_decode_with_kv_cache: q.dtype must be float16 or bfloat16; got {dtype}")
-        chunking = _SINGLE_PLAN_CACHE[key] = _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim, dtype,
-                                                                     bool(use_tensor_cores), pos, dev)
+        chunking = _remember_single_plan(key, _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim,
+                                                                  dtype, bool(use_tensor_cores), pos, dev))
     chunk, chunks, stages = chunking
     out = fw.empty_like(q)
     lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
