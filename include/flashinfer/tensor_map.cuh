@@ -68,10 +68,12 @@ FLASHINFER_HOST_DEVICE constexpr uint32_t swizzle128(int row, int chunk) {
 }
 
 // A 4-D tiled map of 16-bit elements: dims[0] contiguous, byte strides of dims 1..3, box
-// extents `box`, 128-byte swizzle. Fails (cudaErrorNotSupported / cudaErrorInvalidValue)
-// where the driver has no tensor maps or rejects the geometry; callers then copy otherwise.
+// extents `box`, 128-byte swizzle, L2 promotion `promotion` (bytes L2 fetches per miss).
+// Fails (cudaErrorNotSupported / cudaErrorInvalidValue) where the driver has no tensor maps
+// or rejects the geometry; callers then copy otherwise.
 inline cudaError_t encode_4d_16bit(CUtensorMap* map, const void* base, const uint64_t dims[4],
-                                   const uint64_t strides[3], const uint32_t box[4]) {
+                                   const uint64_t strides[3], const uint32_t box[4],
+                                   CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q;
@@ -88,7 +90,7 @@ inline cudaError_t encode_4d_16bit(CUtensorMap* map, const void* base, const uin
   for (int i = 0; i < 3; ++i) s[i] = strides[i];
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), d, s, b, e,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

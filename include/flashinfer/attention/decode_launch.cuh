@@ -112,6 +112,24 @@ inline bool decode_tc_l2_evict_first(int64_t batch_size) {
   return forced >= 0 ? forced == 1 : batch_size <= kDecodeL2FirstBatch;
 }
 
+// The L2 promotion of the box engine's tensor maps: 128 bytes (a box row of 64 dims is one
+// 128-byte line). With 256-byte promotion (what the other tensor maps use) the two 64-dim
+// halves of a key row, fetched by two boxes, each pull the whole 256 bytes: H200, bf16, 32/8 x
+// 128, page 16 (us, 256 B -> 128 B / none): 128 x 8192 1045 -> 997 / 1000, 256 x 1024 281 ->
+// 272 / 272, 64 x 2048 148 -> 146 / 145, 16 x 4096 83.6 -> 83.1 / 83.4, 1 x 32768 50.4 ->
+// 50.8 / 50.6; a contiguous HND cache (one page per request) at 128 x 8192 1021 -> 983 / 982.
+// FLASHINFER_DECODE_PROMO=none|64|128|256 (read once) chooses another, for measurements.
+inline CUtensorMapL2promotion decode_tc_l2_promotion() {
+  static const CUtensorMapL2promotion promo = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_PROMO");
+    if (e && std::strcmp(e, "none") == 0) return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    if (e && std::strcmp(e, "64") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+    if (e && std::strcmp(e, "256") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  }();
+  return promo;
+}
+
 // Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
 template <typename T>
 bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
@@ -167,7 +185,7 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
     const uint64_t strides[3] = {uint64_t((entry_first ? s_n : s_h) * 2), uint64_t((entry_first ? s_h : s_n) * 2),
                                  uint64_t(s_page * 2)};
     const uint32_t box[4] = {64, uint32_t(entry_first ? e : 1), uint32_t(entry_first ? 1 : e), 1};
-    return tma::encode_4d_16bit(map, base, dims, strides, box) == cudaSuccess;
+    return tma::encode_4d_16bit(map, base, dims, strides, box, decode_tc_l2_promotion()) == cudaSuccess;
   };
   const bool k_first = p.kv.stride_n <= p.kv.stride_h, v_first = p.v_stride_n <= p.v_stride_h;
   const bool ok = k_first == v_first && encode(&m->k, p.kv.k_data, p.kv.stride_page, p.kv.stride_n, p.kv.stride_h) &&
