@@ -73,7 +73,7 @@ FLASHINFER_HOST_DEVICE constexpr uint32_t swizzle128(int row, int chunk) {
 // or rejects the geometry; callers then copy otherwise.
 inline cudaError_t encode_4d_16bit(CUtensorMap* map, const void* base, const uint64_t dims[4],
                                    const uint64_t strides[3], const uint32_t box[4],
-                                   CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+                                   CUtensorMapL2promotion promotion) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q;

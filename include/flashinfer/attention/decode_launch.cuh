@@ -113,7 +113,7 @@ inline bool decode_tc_l2_evict_first(int64_t batch_size) {
 }
 
 // The L2 promotion of the box engine's tensor maps: 128 bytes (a box row of 64 dims is one
-// 128-byte line). With 256-byte promotion (encode_4d_16bit's default) the two 64-dim halves of
+// 128-byte line). With 256-byte promotion (the choice before session 8) the two 64-dim halves of
 // a key row, fetched by two boxes back to back, each pull the whole 256 bytes, and the time
 // says the pulls are not merged. H200, bf16, 32/8 x 128, page 16 (us, 256 B -> 128 B / none):
 // 128 x 8192 1045 -> 997 / 1000, 256 x 1024 281 -> 272 / 272, 64 x 2048 148 -> 146 / 145,

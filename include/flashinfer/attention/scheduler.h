@@ -185,9 +185,9 @@ inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodeP
     int64_t n, step;  // balanced, aligned chunks
     decode_split(len, chunk, &n, &step);
     plan.merge[b] = {n > 1 ? next_slot : -1, static_cast<int32_t>(n)};
+    const int32_t page_begin = page_begins.empty() ? 0 : static_cast<int32_t>(page_begins[b]);
     for (int64_t c = 0; c < n; ++c) {
       const int64_t lo = std::min(len, c * step), hi = std::min(len, (c + 1) * step);
-      const int32_t page_begin = page_begins.empty() ? 0 : static_cast<int32_t>(page_begins[b]);
       for (int64_t u = 0; u < units; ++u) {
         plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(u), static_cast<int32_t>(lo),
                               static_cast<int32_t>(hi), n > 1 ? static_cast<int32_t>(next_slot + c) : -1,
