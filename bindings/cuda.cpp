@@ -46,6 +46,16 @@ NB_MODULE(_cuda, m) {
         if (err != cudaSuccess) fb::throw_cuda("launch_empty", err);
       },
       "stream"_a, "pdl"_a = false, "path"_a = 0);
+  // What taking tensors costs, without a launch (benchmark probes): three DLPack tensors
+  // imported as nb::ndarray, against three raw pointers passed as integers.
+  m.def(
+      "probe_tensors",
+      [](fb::MutTensor a, fb::MutTensor b, fb::MutTensor c) {
+        return reinterpret_cast<uintptr_t>(a.data()) ^ reinterpret_cast<uintptr_t>(b.data()) ^
+               reinterpret_cast<uintptr_t>(c.data());
+      },
+      "a"_a, "b"_a, "c"_a);
+  m.def("probe_ints", [](uintptr_t a, uintptr_t b, uintptr_t c) { return a ^ b ^ c; }, "a"_a, "b"_a, "c"_a);
   m.def("runtime_version", []() {
     int v = 0;
     cudaRuntimeGetVersion(&v);

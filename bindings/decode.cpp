@@ -49,22 +49,54 @@ int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode
   return ctas;
 }
 
-// The plan's pipeline depth: kDecodeDeepStages for small tensor-core work (decode_prefers_deep),
-// with cfg->ctas_per_sm at that depth; 0 (the launch default) otherwise. FLASHINFER_DECODE_DEEP
-// (read once): 0 never plans deep, <n> > 1 moves the threshold to n keys x KV heads per SM.
-int deep_stages(const std::vector<int64_t>& lens, const std::string& dtype, int head_dim, int num_qo_heads,
-                int num_kv_heads, bool use_tc, int pos_mode, flashinfer::attention::DecodePlanConfig* cfg) {
+// The plan and its launch shape. allow_shape (not under CUDA graphs, whose launch shape must
+// not depend on the plan): tensor-core work small enough for decode_prefers_deep plans for one
+// CTA per SM at kDecodeDeepStages; larger tensor-core work is planned for both the default and
+// the wide shape (kDecodeWideStages, more CTAs per SM) and takes the wide one where
+// decode_prefers_wide says so and its partial states fit in max_partial_states (< 0: no cap).
+// Otherwise the default shape (stages 0). allow_wide = false keeps the default for larger work
+// (single decode: 32768 keys measured 49.95 us at the default, 52.1 wide; batch 1 x 32768 alike
+// either way). cfg arrives with ctas_per_sm at the default depth.
+// Knobs, read once: FLASHINFER_DECODE_DEEP (0 never plans deep; n > 1 moves the threshold to n
+// keys x KV heads per SM), FLASHINFER_DECODE_WIDE=0 (never plans wide).
+struct ShapedPlan {
+  flashinfer::attention::DecodePlan plan;
+  int stages = 0;     // > 0: the plan's pipeline depth; 0: the launch default
+  int64_t slots = 0;  // persistent CTAs the plan is for
+};
+
+ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64_t>& begins,
+                       flashinfer::attention::DecodePlanConfig cfg, fb::DType dt, int head_dim, bool use_tc,
+                       int pos_mode, bool allow_shape, bool allow_wide, int64_t max_partial_states) {
   using namespace flashinfer::attention;
-  static const int64_t keys_per_sm = [] {
+  static const int64_t deep_keys = [] {
     const char* e = std::getenv("FLASHINFER_DECODE_DEEP");
     return e && *e ? static_cast<int64_t>(std::atoll(e)) : kDecodeDeepKeysPerSM;
   }();
-  if (!decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim) ||
-      !decode_prefers_deep(lens, num_kv_heads, cfg->num_sms, keys_per_sm))
-    return 0;
-  cfg->ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
-                                 &cfg->num_sms, kDecodeDeepStages);
-  return kDecodeDeepStages;
+  static const bool wide_on = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_WIDE");
+    return !(e && e[0] == '0' && e[1] == 0);
+  }();
+  const bool shaped = allow_shape && decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim);
+  auto at_depth = [&](int stages) {
+    DecodePlanConfig c = cfg;
+    c.ctas_per_sm = ctas_per_sm(dt, head_dim, cfg.group_size, use_tc, pos_mode, &c.num_sms, stages);
+    return c;
+  };
+  if (shaped && decode_prefers_deep(lens, cfg.num_kv_heads, cfg.num_sms, deep_keys)) {
+    const DecodePlanConfig c = at_depth(kDecodeDeepStages);
+    return {plan_decode(lens, c, begins), kDecodeDeepStages, int64_t{c.num_sms} * c.ctas_per_sm};
+  }
+  ShapedPlan out{plan_decode(lens, cfg, begins), 0, int64_t{cfg.num_sms} * cfg.ctas_per_sm};
+  if (!shaped || !allow_wide || !wide_on) return out;
+  const DecodePlanConfig w = at_depth(kDecodeWideStages);
+  if (w.ctas_per_sm <= cfg.ctas_per_sm) return out;  // not wider on this device / head_dim
+  const int64_t w_slots = int64_t{w.num_sms} * w.ctas_per_sm;
+  DecodePlan wide = plan_decode(lens, w, begins);
+  if ((max_partial_states < 0 || wide.num_partial_states <= max_partial_states) &&
+      decode_prefers_wide(out.plan, out.slots, wide, w_slots))
+    out = {std::move(wide), kDecodeWideStages, w_slots};
+  return out;
 }
 
 // Split-KV tuning knobs for benchmarks, read once: FLASHINFER_DECODE_WAVES (aim at this many
@@ -304,21 +336,21 @@ class DecodeRunner {
 };
 
 // Host planner: kv lengths and page-table starts -> (items [n, 8], merge [batch, 2], partial
-// states, any split, chunk, grid, stages). allow_deep: small work may take the deep pipeline
-// (decode_prefers_deep; not under CUDA graphs, whose launch shape must not depend on the plan).
+// states, any split, chunk, grid, stages). allow_shape and max_partial_states: see shaped_plan.
 nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> kv_lens,
                nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> page_begins, int num_qo_heads,
                int num_kv_heads, int head_dim, int64_t page_size, const std::string& dtype, bool disable_split_kv,
-               int64_t fixed_split_tokens, bool use_tc, int pos_mode, int device, bool allow_deep) {
+               int64_t fixed_split_tokens, bool use_tc, int pos_mode, int device, bool allow_shape,
+               int64_t max_partial_states) {
   const char* op = "BatchDecodeWithPagedKVCacheWrapper.plan";
   check_head_dim(op, head_dim);
   if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
     fb::fail(std::string(op) + ": num_qo_heads (" + std::to_string(num_qo_heads) +
              ") must be a positive multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
   fb::DeviceGuard guard(op, device);
+  const fb::DType dt = parse_dtype(dtype);
   flashinfer::attention::DecodePlanConfig cfg;
-  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
-                                &cfg.num_sms);
+  cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   cfg.max_group_per_cta = flashinfer::attention::kDecodeMaxGroup;
@@ -330,15 +362,15 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   if (page_begins.shape(0) != kv_lens.shape(0))
     fb::fail(std::string(op) + ": page_begins must have one entry per request");
   std::vector<int64_t> begins(page_begins.data(), page_begins.data() + page_begins.shape(0));
-  const int stages = allow_deep ? deep_stages(lens, dtype, head_dim, num_qo_heads, num_kv_heads, use_tc, pos_mode, &cfg) : 0;
-  const auto pl = flashinfer::attention::plan_decode(lens, cfg, begins);
+  const ShapedPlan sp = shaped_plan(lens, begins, cfg, dt, head_dim, use_tc, pos_mode, allow_shape, true,
+                                     max_partial_states);
+  const auto& pl = sp.plan;
   const size_t n = pl.items.size();
   constexpr size_t kInts = flashinfer::attention::kDecodeWorkItemInts;
   std::vector<int32_t> dummy(kInts, 0);
   auto items = numpy_copy(n ? reinterpret_cast<const int32_t*>(pl.items.data()) : dummy.data(), {n, kInts});
   auto merge = numpy_copy(lens.empty() ? dummy.data() : reinterpret_cast<const int32_t*>(pl.merge.data()), {lens.size(), 2});
-  return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens,
-                        int64_t{cfg.num_sms} * cfg.ctas_per_sm, stages);
+  return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens, sp.slots, sp.stages);
 }
 
 // Keys per chunk, chunk count and pipeline depth for single decode of kv_len keys (the same
@@ -348,17 +380,16 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
   const char* op = "single_decode_with_kv_cache";
   check_head_dim(op, head_dim);
   fb::DeviceGuard guard(op, device);
+  const fb::DType dt = parse_dtype(dtype);
   flashinfer::attention::DecodePlanConfig cfg;
-  cfg.ctas_per_sm = ctas_per_sm(parse_dtype(dtype), head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode,
-                                &cfg.num_sms);
+  cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   apply_split_knobs(&cfg);
-  const int stages = deep_stages({kv_len}, dtype, head_dim, num_qo_heads, num_kv_heads, use_tc, pos_mode, &cfg);
-  const auto pl = flashinfer::attention::plan_decode({kv_len}, cfg);
-  const int64_t chunks = pl.merge[0].num_chunks;
+  const ShapedPlan sp = shaped_plan({kv_len}, {}, cfg, dt, head_dim, use_tc, pos_mode, true, false, -1);
+  const int64_t chunks = sp.plan.merge[0].num_chunks;
   const int64_t chunk = chunks > 1 ? (kv_len + chunks - 1) / chunks : (kv_len > 0 ? kv_len : 1);
-  return nb::make_tuple(chunk, chunks, stages);
+  return nb::make_tuple(chunk, chunks, sp.stages);
 }
 
 void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
@@ -437,7 +468,7 @@ NB_MODULE(_decode, m) {
   m.doc() = "flashinfer decode attention (see flashinfer.decode)";
   m.def("plan", &plan, "kv_lens"_a, "page_begins"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
         "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a,
-        "allow_deep"_a);
+        "allow_shape"_a, "max_partial_states"_a);
   m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
         "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
   m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial_o"_a.none(),

@@ -273,13 +273,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError(f"len(indices) ({indices_h.size}) exceeds paged_kv_indices_buffer "
                                  f"({len(self._paged_kv_indices_buf)})")
 
+        have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         items, merge, n_partial, any_split, _chunk, grid, stages = _decode.plan(
             np.ascontiguousarray(kv_lens, dtype=np.int64), np.ascontiguousarray(indptr_h[:-1], dtype=np.int64),
             num_qo_heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
-            self.device.index or 0, not self._use_cuda_graph)
+            self.device.index or 0, not self._use_cuda_graph,
+            (have_f // 2) // 16 * 16 // max(1, num_qo_heads * head_dim * 4))  # partial states that fit
         need_f = n_partial * num_qo_heads * (head_dim + 1) * 4
-        have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         if need_f > have_f:
             raise ValueError(f"float_workspace_buffer is too small: this plan needs {need_f} bytes; got {have_f}")
 

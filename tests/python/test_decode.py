@@ -146,11 +146,13 @@ def test_copy_engines(engine):
 
 
 @pytest.mark.parametrize("knob", ["FLASHINFER_DECODE_DEEP=0", "FLASHINFER_DECODE_DEEP=1000000000",
+                                  "FLASHINFER_DECODE_WIDE=0", "FLASHINFER_DECODE_STAGES=2",
                                   "FLASHINFER_DECODE_L2=first", "FLASHINFER_DECODE_L2=normal"])
 def test_plan_depth_and_l2_policy(knob):
     """The tensor-core cases (and the CUDA-graph replay) with the plan-time deep pipeline off or
-    taken by every plan, and with the box copies' L2 policy forced either way: the defaults pick
-    per call, so each setting must be right on every shape. A fresh interpreter per knob."""
+    taken by every plan, the wide launch shape off, every launch at two stages, and the box
+    copies' L2 policy forced either way: the defaults pick per call, so each setting must be
+    right on every shape. A fresh interpreter per knob."""
     name, value = knob.split("=")
     env = dict(os.environ, **{name: value})
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
@@ -158,6 +160,39 @@ def test_plan_depth_and_l2_policy(knob):
                        env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+def _planned_stages(lens, page_size=16, hq=32, hkv=8, d=128):
+    """(stages, grid) that the tensor-core plan of these lengths launches with (bf16, no CUDA graph)."""
+    from flashinfer import _decode
+    import numpy as np
+
+    pages = [-(-n // page_size) for n in lens]
+    begins = np.cumsum([0] + pages[:-1]).astype(np.int64)
+    out = _decode.plan(np.asarray(lens, np.int64), begins, hq, hkv, d, page_size, "bfloat16", False, 0, True, 0,
+                       torch.cuda.current_device(), True, -1)
+    return out[6], out[5]
+
+
+@pytest.mark.parametrize("lens", [[4096] * 24, [2048] * 40, [3000, 5000, 1200, 4096] * 5 + [0]])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_wide_launch_shape(lens, layout):
+    """Batches whose plan takes the wide launch shape (two stages, more CTAs per SM) on a GPU where
+    that shape holds more CTAs (the H200: 3 instead of 2), checked against the reference, with LSE."""
+    stages, grid = _planned_stages(lens)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if torch.cuda.get_device_capability() == (9, 0) and sms == 132:
+        assert (stages, grid) == (2, 3 * sms), (stages, grid)
+    o, lse, q, kv = run_batch(lens, 16, 32, 8, 128, torch.bfloat16, layout, use_tc=True)
+    check_batch(o, lse, q, kv, layout)
+
+
+def test_wide_launch_shape_not_taken_where_it_splits_more():
+    """64 x 2048 fills two waves unsplit at the default shape; the wide shape would split it."""
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plans are the H200's (132 SMs)")
+    assert _planned_stages([2048] * 64)[0] == 0
+    assert _planned_stages([1024] * 256)[0] == 0
 
 
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])

@@ -207,8 +207,9 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l, int stages =
       // 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167, 256 x 1024 303 vs 318; 1 x 32768
       // 56.9 vs 56.2) and, with boxes, also four stages x 1 CTA except at 1 x 4096 (2 / 3 / 4
       // stages: 256 x 1024 302 / 281 / 345, 128 x 8192 1062 / 1042 / 1151, 1 x 4096 19.7 /
-      // 19.4 / 17.8). Not everywhere: where the 3-CTA plan splits requests less (24 x 4096,
-      // 48 x 2048) two stages x 3 CTAs are 13-16% faster (benchmarks/NOTES.md, session 8).
+      // 19.4 / 17.8). Not everywhere: where the 3-CTA plan splits requests no more (24 x 4096,
+      // 48 x 2048) two stages x 3 CTAs are 13-16% faster, so batch decode plans for both and
+      // picks (scheduler.h decode_prefers_wide; the plan's depth arrives as `stages`).
       const int64_t merge = decode_tc_merge_smem(kHeadDim);
       switch (copy) {
         case TcCopy::kBoxes:

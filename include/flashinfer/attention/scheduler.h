@@ -162,6 +162,29 @@ inline bool decode_prefers_deep(const std::vector<int64_t>& kv_lens, int num_kv_
   return total * num_kv_heads <= keys_per_sm * std::max(num_sms, 1);
 }
 
+// Work items that write a partial state (split requests' chunks), per CTA of `slots`, rounded up.
+inline int64_t decode_split_items_per_slot(const DecodePlan& plan, int64_t slots) {
+  int64_t split = 0;
+  for (const DecodeWorkItem& it : plan.items) split += it.slot >= 0;
+  return ceil_div<int64_t>(split, std::max<int64_t>(slots, 1));
+}
+
+// The tensor-core kernel's plan-time launch shape for work too large for the deep pipeline:
+// the default (kDecodeTCStages = 3 stages, 2 CTAs per SM on the H200 at head_dim 128) or a
+// wide one (kDecodeWideStages = 2 stages, 3 CTAs per SM). The planner plans for both; the wide
+// one is taken when its plan gives a CTA no more split items than the default's does. Measured
+// on the H200 (bf16, 32/8 heads x 128, page 16, us, default vs wide; benchmarks/NOTES.md,
+// sessions 8-9): where the wide plan splits no more it wins (24 x 4096 126.4 vs 109.8, 48 x
+// 2048 127.0 vs 106.5, 16 x 4096 82.1 vs 79.8, 128 x 1024 145.4 vs 141.9); where it needs more
+// split items it loses 2-7 us per extra split item per CTA (64 x 2048 144.6 vs 155.5, 256 x
+// 1024 271 vs 301, 128 x 8192 1000 vs 1026): a split item's partial state, merge and shorter
+// chunk cost more than the planner's item_cost charges.
+constexpr int kDecodeWideStages = 2;
+inline bool decode_prefers_wide(const DecodePlan& dflt, int64_t dflt_slots, const DecodePlan& wide,
+                                int64_t wide_slots) {
+  return decode_split_items_per_slot(wide, wide_slots) <= decode_split_items_per_slot(dflt, dflt_slots);
+}
+
 // kv_lens: keys of each request (0 allowed); page_begins: each request's first page-table
 // entry (indptr[b]), or empty (items then carry 0: a contiguous cache).
 inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodePlanConfig& cfg,

@@ -82,6 +82,25 @@ int main() {
   CHECK(decode_prefers_deep({1024, 1024, 1024, 1024}, 8, 132));
   CHECK(!decode_prefers_deep(std::vector<int64_t>(16, 4096), 8, 132));
   CHECK(!decode_prefers_deep({32768}, 8, 132));
+  // The wide launch shape (3 CTAs x 2 stages per SM instead of 2 x 3) where its plan gives a CTA
+  // no more split items: the measured winners of benchmarks/NOTES.md (Llama-3-8B heads, page 16).
+  {
+    DecodePlanConfig d;
+    d.num_sms = 132, d.num_kv_heads = 8, d.group_size = 4, d.page_size = 16;
+    auto wide_wins = [&](int64_t batch, int64_t len) {
+      DecodePlanConfig n = d, w = d;
+      n.ctas_per_sm = 2, w.ctas_per_sm = 3;
+      const std::vector<int64_t> lens(batch, len);
+      return decode_prefers_wide(plan_decode(lens, n), 264, plan_decode(lens, w), 396);
+    };
+    CHECK(wide_wins(24, 4096) && wide_wins(48, 2048) && wide_wins(16, 4096) && wide_wins(128, 1024));
+    CHECK(!wide_wins(64, 2048) && !wide_wins(256, 1024) && !wide_wins(128, 8192) && !wide_wins(32, 1024));
+    DecodePlan unsplit, split;
+    unsplit.items.assign(10, DecodeWorkItem{0, 0, 0, 64, -1, 64, 0, 0});
+    split.items.assign(10, DecodeWorkItem{0, 0, 0, 64, 3, 128, 0, 0});
+    CHECK(decode_split_items_per_slot(unsplit, 4) == 0 && decode_split_items_per_slot(split, 4) == 3);
+    CHECK(decode_prefers_wide(split, 4, split, 5) && !decode_prefers_wide(split, 5, split, 3));
+  }
   // One long request fills the GPU.
   cfg.group_size = 4;
   cfg.num_kv_heads = 8;
