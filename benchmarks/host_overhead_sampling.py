@@ -41,6 +41,7 @@ def main():
         ("torch.empty(1, dtype, device=p.device)", lambda: torch.empty(1, dtype=torch.int32, device=p.device)),
         ("generator seed/offset update", gen_update),
         ("2 x _to_dlpack", lambda: (dl(p), dl(out))),
+        ("_cuda.probe_tensors(p0, out0, out0) (import only)", lambda: _cuda.probe_tensors(dl(p0), dl(out0), dl(out0))),
         ("_sampling.sample_probs direct, 0 rows (no launch)",
          lambda: _sampling.sample_probs("x", dl(p0), dl(out0), 8, None, 50, None, 0.9, None, 0.0, 1, 0, -1, s)),
         ("_sampling.sample_probs direct, 64 rows (one-block kernel)",

@@ -79,7 +79,14 @@ FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
 // registers, yet 4 CTAs beat 3 without spills (164 registers) on the H200 (bf16, 32/8 x 128,
 // page 16, us): 64 x 2048 196.0 vs 218.5, head_dim 256 64 x 2048 204.7 vs 209.8; 1 x 32768
 // 70.3 vs 69.6, 1 x 4096 25.4 vs 24.7.
-template <typename T, int kHeadDim, int kG>
+// kRope: p.pos_encoding is RoPE (the launcher picks the instantiation). Without RoPE as a
+// compile-time choice, the 32 sincosf of the main loop of kG 4 (inlined, slow paths too) sat in
+// every kernel's loop: 173 KB of SASS, a 4300-instruction loop, and instruction-fetch stalls
+// as the main stall (ncu, 1 x 4096: "no_instruction" 4.6 cycles per issue). Without them the
+// loop is 950 instructions; H200 (bf16, 32/8 x 128, page 16, us, before -> after): 1 x 4096
+// 25.7 -> 20.2, 1 x 32768 70.7 -> 65.6, 16 x 4096 111.0 -> 104.6, 64 x 2048 196.5 -> 186.2,
+// 128 x 8192 1425 -> 1364, 64/8 heads at 16 x 4096 160.7 -> 146.6.
+template <typename T, int kHeadDim, int kG, bool kRope>
 __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
     DecodeCCKernel(const DecodeParams<T> p, const int stages) {
   constexpr int kTx = kHeadDim / 8;
@@ -95,7 +102,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
   static_assert(decode_cc_stage_bytes(kHeadDim, kG) == int64_t{kStageVecs} * 16, "stage layout");
   extern __shared__ uint4 smem[];
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
-  const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;
+  constexpr bool rope = kRope;
   const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
   const bool soft_cap = p.soft_cap > 0.f;
   const float q_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;

@@ -198,9 +198,10 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   return ok;
 }
 
-// stages > 0: that pipeline depth (the plan's), else each kernel's default.
+// stages > 0: that pipeline depth (the plan's), else each kernel's default. rope: the
+// CUDA-core kernel's RoPE instantiation (the tensor-core kernel takes no RoPE).
 template <typename T, int kHeadDim, int kG>
-cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l, int stages = 0) {
+cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, int stages = 0) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 (row copies, bf16:
@@ -225,8 +226,12 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, DecodeLaunch* l, int stages =
       }
     }
   }
-  return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG>>(
-      decode_cc_stage_bytes(kHeadDim, kG), decode_merge_smem(kHeadDim), l, stages > 0 ? stages : decode_cc_stages(kG));
+  const int cc_stages = stages > 0 ? stages : decode_cc_stages(kG);
+  if (rope)
+    return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG, true>>(decode_cc_stage_bytes(kHeadDim, kG),
+                                                                       decode_merge_smem(kHeadDim), l, cc_stages);
+  return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG, false>>(decode_cc_stage_bytes(kHeadDim, kG),
+                                                                      decode_merge_smem(kHeadDim), l, cc_stages);
 }
 
 template <typename T, int kHeadDim, int kG>
@@ -245,7 +250,8 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     if (copy == TcCopy::kRows && !decode_tc_bulk_aligned(p)) copy = TcCopy::kCpAsync;
   }
   DecodeLaunch l;
-  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, &l, p.stages)));
+  const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, rope, &l, p.stages)));
   // (never: stages <= kMaxStages == kTcMaxStages, the mbarriers the kernel has)
   if (copy != TcCopy::kCpAsync && l.stages > kTcMaxStages) return cudaErrorInvalidValue;
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
@@ -270,8 +276,12 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     }
   }
   if (!launched) {
-    FLASHINFER_CUDA_TRY(launch(DecodeCCKernel<T, kHeadDim, kG>, dim3(static_cast<unsigned>(grid)),
-                               dim3(kDecodeThreads), l.smem, stream, p.pdl, p, l.stages));
+    const dim3 g(static_cast<unsigned>(grid)), b(kDecodeThreads);
+    if (rope) {
+      FLASHINFER_CUDA_TRY(launch(DecodeCCKernel<T, kHeadDim, kG, true>, g, b, l.smem, stream, p.pdl, p, l.stages));
+    } else {
+      FLASHINFER_CUDA_TRY(launch(DecodeCCKernel<T, kHeadDim, kG, false>, g, b, l.smem, stream, p.pdl, p, l.stages));
+    }
   }
   if (!launch_merge) return cudaSuccess;
   return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(l.merge_grid)), dim3(kDecodeThreads), 0,
@@ -305,6 +315,7 @@ template <typename T>
 cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms,
                             int stages) {
   const bool tc = decode_uses_tc(use_tc, pos, head_dim);
+  const bool rope = pos == PosEncodingMode::kRoPELlama;
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev));
   const TcCopy copy = tc ? decode_tc_copy_asked(dev) : TcCopy::kCpAsync;
@@ -314,10 +325,10 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, &l, stages); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, &l, stages); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, &l, stages); break;
-      default: err = decode_shape_for<T, kD, 8>(tc, copy, &l, stages); break;
+      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, rope, &l, stages); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, rope, &l, stages); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, rope, &l, stages); break;
+      default: err = decode_shape_for<T, kD, 8>(tc, copy, rope, &l, stages); break;
     }
     return Status::kSuccess;
   };

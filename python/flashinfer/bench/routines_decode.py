@@ -21,6 +21,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--head-dim", type=int, default=128)
     g.add_argument("--use-tensor-cores", action="store_true")
     g.add_argument("--kv-layout", choices=["NHD", "HND"], default="NHD", help="paged cache layout (batch_decode)")
+    g.add_argument("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE",
+                   help="batch_decode: position encoding applied in the kernel (the SDPA baseline has none)")
 
 
 def _sdpa(torch, q, k, v):
@@ -44,7 +46,7 @@ def batch_decode(torch, args) -> Case:
     last = torch.full((b,), L - (pages_per - 1) * ps, dtype=torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, args.kv_layout, use_tensor_cores=args.use_tensor_cores)
-    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt, pos_encoding_mode=args.pos_encoding_mode)
     q = torch.randn(b, hq, d, dtype=dt, device="cuda")
     o = torch.empty_like(q)
     # reference inputs: the same keys gathered contiguous [B, Hkv, L, D]
@@ -55,7 +57,7 @@ def batch_decode(torch, args) -> Case:
     e = q.element_size()
     nbytes = 2 * b * L * hkv * d * e + 2 * b * hq * d * e
     tc = " tc" if args.use_tensor_cores else ""
-    lay = " HND" if hnd else ""
+    lay = (" HND" if hnd else "") + ("" if args.pos_encoding_mode == "NONE" else " " + args.pos_encoding_mode.lower())
     return Case("batch_decode" + tc, f"{b}x{L} {hq}/{hkv}x{d} ps{ps}{lay}", args.dtype, lambda: w.run(q, (k, v)),
                 lambda: w.run(q, (k, v), out=o), _sdpa(torch, q, kc, vc), "SDPA enable_gqa (contiguous KV)",
                 bytes=nbytes)
