@@ -84,8 +84,8 @@ FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
 // every kernel's loop: 173 KB of SASS, a 4300-instruction loop, and instruction-fetch stalls
 // as the main stall (ncu, 1 x 4096: "no_instruction" 4.6 cycles per issue). Without them the
 // loop is 950 instructions; H200 (bf16, 32/8 x 128, page 16, us, before -> after): 1 x 4096
-// 25.7 -> 20.2, 1 x 32768 70.7 -> 65.6, 16 x 4096 111.0 -> 104.6, 64 x 2048 196.5 -> 186.2,
-// 128 x 8192 1425 -> 1364, 64/8 heads at 16 x 4096 160.7 -> 146.6.
+// 25.8 -> 20.6, 1 x 32768 70.4 -> 66.0, 16 x 4096 110.9 -> 105.6, 64 x 2048 195.6 -> 187.4,
+// 128 x 8192 1429 -> 1359, 64/8 heads at 16 x 4096 161.1 -> 147.0; RoPE kernels unchanged.
 template <typename T, int kHeadDim, int kG, bool kRope>
 __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
     DecodeCCKernel(const DecodeParams<T> p, const int stages) {

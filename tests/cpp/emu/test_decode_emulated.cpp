@@ -172,11 +172,11 @@ void run_case(const Case& c, uint64_t seed) {
     constexpr int kD = decltype(hd)::value, kG = decltype(gb)::value;
     const int64_t smem = max<int64_t>(c.stages * decode_cc_stage_bytes(kD, kG), decode_merge_smem(kD));
     std::memset(flashinfer::attention::smem, 0xff, sizeof(flashinfer::attention::smem));
+    const unsigned grid = unsigned(c.grid), threads = unsigned(kDecodeThreads);
     if (c.pos == PosEncodingMode::kRoPELlama) {
-      emu::launch(DecodeCCKernel<T, kD, kG, true>, unsigned(c.grid), unsigned(kDecodeThreads), size_t(smem), p, c.stages);
+      emu::launch(DecodeCCKernel<T, kD, kG, true>, grid, threads, size_t(smem), p, c.stages);
     } else {
-      emu::launch(DecodeCCKernel<T, kD, kG, false>, unsigned(c.grid), unsigned(kDecodeThreads), size_t(smem), p,
-                  c.stages);
+      emu::launch(DecodeCCKernel<T, kD, kG, false>, grid, threads, size_t(smem), p, c.stages);
     }
     emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
   };
