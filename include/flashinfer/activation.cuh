@@ -114,8 +114,7 @@ __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chu
     for (int u = 0; u < kActUnroll; ++u) {
       const int64_t j = col(tile, u);
       if (j < nvec) {
-        act_and_mul_store<T, kKind, kVec>(*reinterpret_cast<const Vec<T, kVec>*>(slot(s_cur, 0, u)),
-                                          *reinterpret_cast<const Vec<T, kVec>*>(slot(s_cur, 1, u)), out + j * kVec);
+        act_and_mul_store<T, kKind, kVec>(load16<T>(slot(s_cur, 0, u)), load16<T>(slot(s_cur, 1, u)), out + j * kVec);
       }
     }
     // every thread is done with this stage before thread 0 refills it

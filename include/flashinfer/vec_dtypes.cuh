@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "config.h"
 
 namespace flashinfer {
@@ -57,5 +59,17 @@ struct alignas(sizeof(T) * N) Vec {
     for (int i = 0; i < N; ++i) v[i] = flashinfer::from_float<T>(f[i]);
   }
 };
+
+// 16 bytes at p (16-byte aligned, any memory space; typically shared memory) as one Vec, read
+// with one 16-byte load. Converting through a Vec pointer instead (ptr->to_float) reads every
+// element with its own 16-bit load (LDS.U16 from shared memory: 8 loads, each of 4 wavefronts
+// when lanes are 16 bytes apart).
+template <typename T>
+FLASHINFER_DEVICE Vec<T, 16 / sizeof(T)> load16(const void* p) {
+  const uint4 u = *static_cast<const uint4*>(p);
+  Vec<T, 16 / sizeof(T)> v;
+  memcpy(&v, &u, sizeof(u));
+  return v;
+}
 
 }  // namespace flashinfer

@@ -71,17 +71,6 @@ FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
   }
 }
 
-// A thread's 16-byte slot of a stage as 8 values, read with one 16-byte shared-memory load.
-// (Converting through a Vec pointer into shared memory read each 16-bit value with its own
-// LDS.U16: 64 loads per stage at kG 4 instead of 8, each spanning 4 wavefronts.)
-template <typename T>
-FLASHINFER_DEVICE Vec<T, 8> smem_vec(const uint4* slot) {
-  const uint4 u = *slot;
-  Vec<T, 8> v;
-  memcpy(&v, &u, sizeof(u));
-  return v;
-}
-
 }  // namespace detail
 
 // Dynamic shared memory: max(stages * decode_cc_stage_bytes(kHeadDim, kG),
@@ -255,7 +244,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
       FLASHINFER_UNROLL
       for (int j = 0; j < kKeys; ++j) {
         float kf[8];
-        detail::smem_vec<T>(ks + j * kDecodeThreads).to_float(kf);
+        load16<T>(ks + j * kDecodeThreads).to_float(kf);  // one LDS.128 (vec_dtypes.cuh)
         if (rope) detail::rope_rotate<kTx>(kf, inv_freq, tx, t0 + j);
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g) {
@@ -319,7 +308,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
       FLASHINFER_UNROLL
       for (int j = 0; j < kKeys; ++j) {
         float vf[8];
-        detail::smem_vec<T>(vs + j * kDecodeThreads).to_float(vf);  // zeros past hi
+        load16<T>(vs + j * kDecodeThreads).to_float(vf);  // zeros past hi
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g)
           FLASHINFER_UNROLL
