@@ -33,6 +33,7 @@ void act_and_mul(const char* op, ActKind kind, MutTensor input, MutTensor out, u
   int64_t rows = 0, out_rows = 0;
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
+  c.rows_disjoint(out, "out", out_l, out_rows, hidden);
   const int dev = c.cuda_device({{&input, "input"}, {&out, "out"}});
   if (rows == 0 || hidden == 0) return;
   fb::DeviceGuard guard(op, dev);

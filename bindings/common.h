@@ -64,6 +64,12 @@ inline std::string shape_str(const MutTensor& t) {
   return s + (t.ndim() == 1 ? ",)" : ")");
 }
 
+inline std::string stride_str(const MutTensor& t) {
+  std::string s = "(";
+  for (size_t i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.stride(i));
+  return s + (t.ndim() == 1 ? ",)" : ")");
+}
+
 [[noreturn]] inline void fail(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
 // `op: name ...` prefix for every message.
@@ -115,6 +121,24 @@ struct Checker {
       fail(std::string(op) + ": the leading dimensions of " + name +
            " must fold into at most two strided levels; got shape " + shape_str(t));
     return l;
+  }
+  // A tensor the kernel writes (`rows` rows of `hidden` elements, laid out by l): no two rows
+  // may share an element, or the rows' writes race (an expand()ed or self-overlapping view).
+  void rows_disjoint(const MutTensor& t, const char* name, const flashinfer::RowLayout& l, int64_t rows,
+                     int64_t hidden) const {
+    if (!flashinfer::rows_disjoint(l, rows, hidden))
+      fail(std::string(op) + ": the rows of " + name + " must not overlap (the kernel writes them); got shape " +
+           shape_str(t) + " with strides " + stride_str(t));
+  }
+  // Two tensors of one shape that the kernel both writes must not share memory.
+  void no_overlap(const MutTensor& a, const char* a_name, const flashinfer::RowLayout& la, const MutTensor& b,
+                  const char* b_name, const flashinfer::RowLayout& lb, int64_t rows, int64_t hidden) const {
+    const int64_t e = static_cast<int64_t>(a.itemsize());
+    const flashinfer::RowLayout ba{la.inner, la.stride_outer * e, la.stride_inner * e};
+    const flashinfer::RowLayout bb{lb.inner, lb.stride_outer * e, lb.stride_inner * e};
+    const int64_t delta = static_cast<int64_t>(reinterpret_cast<intptr_t>(b.data()) - reinterpret_cast<intptr_t>(a.data()));
+    if (flashinfer::rows_intersect(ba, bb, delta, rows, hidden * e))
+      fail(std::string(op) + ": " + b_name + " must not overlap " + a_name + " in memory (the kernel writes both)");
   }
   // All tensors on one CUDA device; returns its id. Called after the shape/dtype checks so
   // CPU tensors exercise every other validation path.

@@ -33,6 +33,7 @@ void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, d
   int64_t rows = 0, out_rows = 0;
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
+  c.rows_disjoint(out, "out", out_l, out_rows, hidden);
   const int dev = c.cuda_device({{&input, "input"}, {&weight, "weight"}, {&out, "out"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);
@@ -66,6 +67,9 @@ void fused_add_rmsnorm(const char* op, MutTensor input, MutTensor residual, MutT
   int64_t rows = 0, res_rows = 0;
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout res_l = c.rows(residual, "residual", &res_rows);
+  c.rows_disjoint(input, "input", in_l, rows, hidden);  // both are written in place
+  c.rows_disjoint(residual, "residual", res_l, res_rows, hidden);
+  c.no_overlap(input, "input", in_l, residual, "residual", res_l, rows, hidden);
   const int dev = c.cuda_device({{&input, "input"}, {&residual, "residual"}, {&weight, "weight"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);
@@ -101,6 +105,7 @@ void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, 
   int64_t rows = 0, out_rows = 0;
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
+  c.rows_disjoint(out, "out", out_l, out_rows, hidden);
   const int dev = c.cuda_device({{&input, "input"}, {&gemma, "gemma"}, {&beta, "beta"}, {&out, "out"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);

@@ -57,4 +57,69 @@ inline bool fold_rows(int ndim, const int64_t* shape, const int64_t* stride, Row
   return true;
 }
 
+namespace detail {
+inline int64_t mag(int64_t v) { return v < 0 ? -v : v; }
+inline int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+}  // namespace detail
+
+// True when no two of the `rows` rows (`hidden` elements each) that `l` addresses share an
+// element: a kernel may then write every row. Exact. Along each level, consecutive rows must be
+// at least `hidden` apart. Across the two levels, every difference dx * x + dy * y of row
+// offsets is checked, walking the level with fewer rows. For each dx, only the dy nearest to
+// -dx * x / y matter, so the cost is O(min(level counts)).
+inline bool rows_disjoint(const RowLayout& l, int64_t rows, int64_t hidden) {
+  if (rows <= 1 || hidden <= 0) return true;
+  const int64_t n_in = l.inner > 1 ? l.inner : 1, n_out = rows / n_in;
+  int64_t cnt[2], str[2];
+  int levels = 0;
+  if (n_in > 1) cnt[levels] = n_in, str[levels++] = detail::mag(l.stride_inner);
+  if (n_out > 1) cnt[levels] = n_out, str[levels++] = detail::mag(l.stride_outer);
+  for (int i = 0; i < levels; ++i)
+    if (str[i] < hidden) return false;
+  if (levels < 2) return true;
+  const int xi = cnt[0] <= cnt[1] ? 0 : 1;
+  const int64_t nx = cnt[xi], x = str[xi], ny = cnt[1 - xi], y = str[1 - xi];
+  for (int64_t dx = -(nx - 1); dx <= nx - 1; ++dx) {  // differences with dy >= 1 (dy = 0: above)
+    const int64_t t = dx * x, q = detail::floor_div(-t, y);
+    const int64_t dys[2] = {detail::clamp64(q, 1, ny - 1), detail::clamp64(q + 1, 1, ny - 1)};
+    for (int64_t dy : dys)
+      if (detail::mag(t + dy * y) < hidden) return false;
+  }
+  return true;
+}
+
+// True when some row of tensor a and some row of tensor b share a byte: `rows` rows of
+// `row_bytes` each, laid out by a and b (strides in bytes), b's first row `delta` bytes after
+// a's. Exact when both are single-level with equal strides: the case of two 2-D tensors of one
+// shape. Otherwise it is conservative: it compares the byte spans the two tensors cover.
+inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta, int64_t rows,
+                           int64_t row_bytes) {
+  if (rows <= 0 || row_bytes <= 0) return false;
+  const int64_t n_in_a = a.inner > 1 ? a.inner : 1, n_in_b = b.inner > 1 ? b.inner : 1;
+  if (n_in_a == 1 && n_in_b == 1 && a.stride_outer == b.stride_outer) {
+    const int64_t s = detail::mag(a.stride_outer);
+    if (rows == 1 || s == 0) return detail::mag(delta) < row_bytes;
+    // offsets differ by delta + k * s, k in [-(rows - 1), rows - 1]
+    const int64_t q = detail::floor_div(-delta, s);
+    const int64_t ks[2] = {detail::clamp64(q, -(rows - 1), rows - 1), detail::clamp64(q + 1, -(rows - 1), rows - 1)};
+    for (int64_t k : ks)
+      if (detail::mag(delta + k * s) < row_bytes) return true;
+    return false;
+  }
+  auto span = [&](const RowLayout& l, int64_t n_in, int64_t base, int64_t* lo, int64_t* hi) {
+    const int64_t n_out = rows / n_in;
+    const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
+    *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
+    *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + row_bytes;
+  };
+  int64_t alo, ahi, blo, bhi;
+  span(a, n_in_a, 0, &alo, &ahi);
+  span(b, n_in_b, delta, &blo, &bhi);
+  return alo < bhi && blo < ahi;
+}
+
 }  // namespace flashinfer

@@ -11,14 +11,17 @@ from ._ext import framework_of, to_dlpack
 __all__ = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
 
 
-def _act(kernel: Any, input: Any, out: Optional[Any], enable_pdl: Optional[bool]) -> Any:
+def _act(name: str, kernel: Any, input: Any, out: Optional[Any], enable_pdl: Optional[bool]) -> Any:
     fw = framework_of(input)
     shape = input.shape
-    if len(shape) == 0 or shape[-1] % 2 != 0:
+    if len(shape) == 0:
+        raise ValueError(f"{name}: input must have at least 1 dimension (..., 2 * hidden_size); got a 0-D tensor")
+    if shape[-1] % 2 != 0:
         raise ValueError("The last dimension must be even (2 * hidden_size).")
     if out is None:
         out = fw.empty((*shape[:-1], shape[-1] // 2), input)
     else:
+        framework_of(out, "out")  # a TypeError naming `out` for a non-tensor
         assert out.ndim == input.ndim, f"out.ndim ({out.ndim}) must equal input.ndim ({input.ndim})"
         assert tuple(out.shape[:-1]) == tuple(shape[:-1]), (
             f"out.shape[:-1] {tuple(out.shape[:-1])} must equal input.shape[:-1] {tuple(shape[:-1])}")
@@ -30,14 +33,14 @@ def _act(kernel: Any, input: Any, out: Optional[Any], enable_pdl: Optional[bool]
 
 def silu_and_mul(input: Any, out: Optional[Any] = None, enable_pdl: Optional[bool] = None) -> Any:
     r"""``silu(input[..., :H]) * input[..., H:]`` with ``silu(x) = x * sigmoid(x)``; returns ``[..., H]``."""
-    return _act(_activation.silu_and_mul, input, out, enable_pdl)
+    return _act("silu_and_mul", _activation.silu_and_mul, input, out, enable_pdl)
 
 
 def gelu_and_mul(input: Any, out: Optional[Any] = None, enable_pdl: Optional[bool] = None) -> Any:
     r"""``gelu(input[..., :H]) * input[..., H:]`` with the exact (erf) GELU."""
-    return _act(_activation.gelu_and_mul, input, out, enable_pdl)
+    return _act("gelu_and_mul", _activation.gelu_and_mul, input, out, enable_pdl)
 
 
 def gelu_tanh_and_mul(input: Any, out: Optional[Any] = None, enable_pdl: Optional[bool] = None) -> Any:
     r"""``gelu_tanh(input[..., :H]) * input[..., H:]`` (tanh approximation, as ``approximate="tanh"``)."""
-    return _act(_activation.gelu_tanh_and_mul, input, out, enable_pdl)
+    return _act("gelu_tanh_and_mul", _activation.gelu_tanh_and_mul, input, out, enable_pdl)

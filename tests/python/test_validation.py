@@ -289,20 +289,14 @@ def test_non_tensor_argument_is_a_type_error_naming_it(name, arg, value):
         call(name, **args)
 
 
-# --- known gaps (strict xfail: they start failing, as a reminder, once fixed) -------------------
+# --- formerly known gaps (strict xfails until session 9) -----------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=(AttributeError, AssertionError),
-                   reason="validation gap: a non-tensor `out` for an activation raises AttributeError "
-                          "(from out.ndim) instead of a TypeError naming `out`")
 @pytest.mark.parametrize("name", ACTS)
 def test_activation_non_tensor_out_is_a_type_error(name):
     with pytest.raises(TypeError, match="out"):
         call(name, out=[0.0] * 64, **valid_args(name))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="validation gap: a 0-D activation input is reported as 'The last dimension must be "
-                          "even' instead of saying the input needs at least one dimension")
 @pytest.mark.parametrize("name", ACTS)
 def test_activation_0d_input_message_names_the_dimension_count(name):
     with pytest.raises(ValueError, match="dimension"):
@@ -313,9 +307,6 @@ def test_activation_0d_input_message_names_the_dimension_count(name):
             raise
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="validation gap: an `out` whose rows overlap (row stride 0 or < hidden) is accepted; "
-                          "the kernel's rows then race on the same memory")
 @pytest.mark.parametrize("name", RMS + ACTS)
 def test_out_with_overlapping_rows_is_rejected(name):
     out = torch.empty(1, 64, dtype=F16).expand(4, 64)
@@ -327,9 +318,6 @@ def test_out_with_overlapping_rows_is_rejected(name):
             raise
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="validation gap: residual aliasing input (the same memory) is accepted by the fused "
-                          "add kernels, which read and write both")
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_add_residual_aliasing_input_is_rejected(name):
     x = torch.randn(4, 64, dtype=F16)
@@ -339,6 +327,53 @@ def test_fused_add_residual_aliasing_input_is_rejected(name):
         except ValueError as e:
             assert "CUDA" not in str(e), f"only the device check fired: {e}"
             raise
+
+
+def test_overlap_messages_name_the_tensor_and_its_strides():
+    out = torch.empty(1, 64, dtype=F16).expand(4, 64)
+    with raises_value_error("rmsnorm", "the rows of out must not overlap (the kernel writes them); got shape "
+                                       "(4, 64) with strides (0, 1)"):
+        call("rmsnorm", out=out, **valid_args("rmsnorm"))
+    x = torch.randn(4, 64, dtype=F16)
+    with raises_value_error("fused_add_rmsnorm", "residual must not overlap input in memory (the kernel writes both)"):
+        call("fused_add_rmsnorm", input=x, residual=x, weight=torch.randn(64, dtype=F16))
+
+
+@pytest.mark.parametrize("which", ["input", "residual"])
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_add_overlapping_rows_are_rejected(name, which):
+    """Both tensors are written in place, so neither may have rows that share memory."""
+    args = valid_args(name)
+    args[which] = torch.randn(1, 64, dtype=F16).expand(4, 64)
+    with pytest.raises(ValueError, match=f"the rows of {which} must not overlap"):
+        call(name, **args)
+
+
+def test_layernorm_out_with_overlapping_rows_is_rejected():
+    """layernorm allocates its own output; the binding still checks one passed to it."""
+    args = valid_args("layernorm")
+    out = torch.empty(5 * 32, dtype=F16).as_strided((4, 64), (32, 1))  # rows half a row apart
+    dl = torch.utils.dlpack.to_dlpack
+    with pytest.raises(ValueError, match="the rows of out must not overlap"):
+        _norm.layernorm(dl(args["input"]), dl(args["gemma"]), dl(args["beta"]), dl(out), 1e-6, 0)
+
+
+@pytest.mark.parametrize("case", ["column halves", "in place", "separate rows of one buffer"])
+def test_writes_that_do_not_overlap_pass_validation(case):
+    """Layouts that share a buffer without sharing elements are accepted: only the device check
+    (the tensors are on the CPU here) may fire."""
+    if case == "column halves":  # input and residual: the two halves of each row of one buffer
+        buf = torch.randn(4, 128, dtype=F16)
+        fn = lambda: call("fused_add_rmsnorm", input=buf[:, :64], residual=buf[:, 64:],  # noqa: E731
+                          weight=torch.randn(64, dtype=F16))
+    elif case == "in place":  # rmsnorm with out = input
+        x = torch.randn(4, 64, dtype=F16)
+        fn = lambda: call("rmsnorm", input=x, weight=torch.randn(64, dtype=F16), out=x)  # noqa: E731
+    else:  # out rows two apart in a wider buffer, interleaved with unused rows
+        out = torch.empty(8, 64, dtype=F16)[::2]
+        fn = lambda: call("silu_and_mul", input=torch.randn(4, 128, dtype=F16), out=out)  # noqa: E731
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        fn()
 
 
 # --- the raw binding with DLPack capsules that claim CUDA memory ------------------------------

@@ -1,5 +1,6 @@
 // fold_rows(): every row of a strided [.., H] tensor maps to the offset the strides give.
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <random>
 #include <vector>
@@ -9,6 +10,25 @@
 
 using flashinfer::fold_rows;
 using flashinfer::RowLayout;
+using flashinfer::rows_disjoint;
+using flashinfer::rows_intersect;
+
+// Brute force: do two of the rows (each [off, off + h)) share an element?
+static bool overlap_brute(const std::vector<int64_t>& offs_a, const std::vector<int64_t>& offs_b, int64_t h,
+                          bool same) {
+  for (size_t i = 0; i < offs_a.size(); ++i)
+    for (size_t j = same ? i + 1 : 0; j < offs_b.size(); ++j) {
+      const int64_t d = offs_a[i] - offs_b[j];
+      if ((d < 0 ? -d : d) < h) return true;
+    }
+  return false;
+}
+
+static std::vector<int64_t> offsets(const RowLayout& l, int64_t rows, int64_t base = 0) {
+  std::vector<int64_t> o;
+  for (int64_t r = 0; r < rows; ++r) o.push_back(base + l.offset(r));
+  return o;
+}
 
 // Row offset straight from shape/strides (odometer over the leading dims).
 static int64_t direct_offset(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride, int64_t r) {
@@ -64,6 +84,50 @@ int main() {
     int64_t s0 = s1 * shape[1] + 8 * int64_t(rng() % 2);
     expect_fold(shape, {s0, s1, 1});
   }
+  // rows_disjoint: exact, against brute force, on random one- and two-level layouts (strides of
+  // either sign, some nesting, some interleaving, some overlapping).
+  for (int it = 0; it < 20000; ++it) {
+    const int64_t h = 1 + int64_t(rng() % 6);
+    const int64_t inner = 1 + int64_t(rng() % 5), outer = 1 + int64_t(rng() % 6);
+    auto stride = [&] { return (int64_t(rng() % 25) - 4) * (rng() % 3 == 0 ? -1 : 1); };
+    const RowLayout l{inner, stride(), inner > 1 ? stride() : 0};
+    const int64_t rows = inner * outer;
+    const bool brute = !overlap_brute(offsets(l, rows), offsets(l, rows), h, true);
+    if (rows_disjoint(l, rows, h) != brute) {
+      std::printf("rows_disjoint(inner %lld, outer stride %lld, inner stride %lld, rows %lld, h %lld) != %d\n",
+                  (long long)inner, (long long)l.stride_outer, (long long)l.stride_inner, (long long)rows,
+                  (long long)h, int(brute));
+      CHECK(false);
+    }
+  }
+  CHECK(rows_disjoint(RowLayout{1, 4096, 0}, 32768, 4096));   // contiguous 2-D
+  CHECK(!rows_disjoint(RowLayout{1, 0, 0}, 4, 64));           // expand(): every row the same
+  CHECK(!rows_disjoint(RowLayout{1, 32, 0}, 4, 64));          // rows half a row apart
+  CHECK(rows_disjoint(RowLayout{32, 3 * 32 * 128, 128}, 32 * 1000, 128));  // q view of fused QKV
+  CHECK(rows_disjoint(RowLayout{1, 7, 0}, 1, 64));            // one row: nothing to overlap
+  // rows_intersect: exact for two single-level layouts with one stride; never misses an overlap
+  // otherwise (it may report one that is not there).
+  for (int it = 0; it < 20000; ++it) {
+    const int64_t h = 1 + int64_t(rng() % 6), rows = 1 + int64_t(rng() % 6);
+    const bool same_stride = rng() % 2 == 0;
+    const int64_t sa = int64_t(rng() % 20), sb = same_stride ? sa : int64_t(rng() % 20);
+    const int64_t inner_b = same_stride ? 1 : (rows % 2 == 0 ? 2 : 1);
+    const RowLayout a{1, sa, 0}, b{inner_b, sb, inner_b > 1 ? int64_t(rng() % 9) : 0};
+    const int64_t delta = int64_t(rng() % 61) - 30;
+    const bool brute = overlap_brute(offsets(a, rows), offsets(b, rows, delta), h, false);
+    const bool got = rows_intersect(a, b, delta, rows, h);
+    if (same_stride ? got != brute : (brute && !got)) {
+      std::printf("rows_intersect(stride %lld / %lld, delta %lld, rows %lld, h %lld) = %d, brute %d\n",
+                  (long long)sa, (long long)sb, (long long)delta, (long long)rows, (long long)h, int(got),
+                  int(brute));
+      CHECK(false);
+    }
+  }
+  CHECK(rows_intersect(RowLayout{1, 128, 0}, RowLayout{1, 128, 0}, 0, 4, 128));    // the same tensor
+  CHECK(!rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 128, 4, 128));  // two column halves
+  CHECK(rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 64, 4, 128));    // shifted by half a row
+  CHECK(!rows_intersect(RowLayout{1, 128, 0}, RowLayout{1, 128, 0}, 512, 4, 128));  // adjacent buffers
+
   CHECK(RowLayout{3, 100, 10}.strides_multiple_of(2));
   CHECK(!RowLayout{3, 100, 9}.strides_multiple_of(2));
   return test::finish("test_layout");
