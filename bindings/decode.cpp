@@ -258,6 +258,7 @@ class DecodeRunner {
       fb::fail("Invalid shape of out: expected " + fb::shape_str(q) + " " + fb::dtype_str(dt) + "; got " +
                fb::shape_str(out) + " " + fb::dtype_name(out));
     c.last_contiguous(out, "out");
+    c.rows_disjoint(out, "out", flashinfer::RowLayout{hq_, out.stride(0), out.stride(1)}, batch_ * hq_, hd_);
     if (lse) {
       c.ndim_in(*lse, "lse", {2}, "2-D [batch_size, num_qo_heads]");
       c.dim_is(*lse, "lse", 0, batch_, "batch_size");

@@ -127,11 +127,23 @@ RopeParams<T, IdType> make_params(const RopeArgs& a, int32_t* err, bool pdl) {
   return p;
 }
 
-// Device check, launch, and (with an error record) the read-back that turns a recorded bad
-// index into a ValueError.
+// A written [nnz, heads, dim] tensor: no two of its head rows may share memory.
+void written_rows_disjoint(const fb::Checker& c, const MutTensor& t, const char* name, const Heads& h) {
+  c.rows_disjoint(t, name, flashinfer::RowLayout{h.heads, h.stride_n, h.stride_h}, h.nnz * h.heads, h.dim);
+}
+
+// Overlap checks of the written tensors, device check, launch, and (with an error record) the
+// read-back that turns a recorded bad index into a ValueError.
 void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, uintptr_t stream_id,
          const MutTensor& err) {
   const char* op = c.op;
+  if (a.q_out) {
+    written_rows_disjoint(c, *a.q_out, a.cache ? "query_out" : "q_rope", a.qoh);
+    written_rows_disjoint(c, *a.k_out, a.cache ? "key_out" : "k_rope", a.koh);
+  } else {
+    written_rows_disjoint(c, *a.q, a.cache ? "query" : "q", a.qh);
+    written_rows_disjoint(c, *a.k, a.cache ? "key" : "k", a.kh);
+  }
   const fb::IndexCheck check(c, err);
   int dev;
   if (a.q_out) {

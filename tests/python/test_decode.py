@@ -387,6 +387,9 @@ def test_out_and_lse_buffers():
     assert torch.equal(out, o) and torch.equal(lse_buf, lse)
     with pytest.raises(ValueError, match="Invalid shape of out"):
         w.run(q, cache, out=torch.empty(2, 32, 64, dtype=torch.bfloat16, device=CUDA))
+    # an expand()ed out: its rows' writes would race
+    with pytest.raises(ValueError, match="the rows of out must not overlap"):
+        w.run(q, cache, out=torch.empty(1, 1, 128, dtype=torch.bfloat16, device=CUDA).expand(2, 32, 128))
 
 
 def test_disable_split_kv_is_batch_invariant():

@@ -98,6 +98,30 @@ def test_k_must_match_q(name):
         call(name, q, torch.randn(6, 64, dtype=F16))
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if n.endswith("_inplace")])
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_in_place_q_k_with_overlapping_rows_are_rejected(name, which):
+    """q and k are written in place: an expand()ed one would have its rows' writes race."""
+    q, k = qk()
+    t = q if which == "q" else k
+    t = t[:1].expand(t.shape)
+    args = (t, k) if which == "q" else (q, t)
+    with pytest.raises(ValueError, match=f"^{name}: the rows of {which} must not overlap"):
+        call(name, *args)
+
+
+def test_fused_qkv_views_pass_the_overlap_checks():
+    """q and k as views of one packed QKV buffer share memory without sharing elements: only the
+    device check fires (CPU tensors)."""
+    qkv = torch.randn(6, (4 + 2 + 2) * 64, dtype=F16)
+    q, k = qkv[:, :256].view(6, 4, 64), qkv[:, 256:384].view(6, 2, 64)
+    with raises("apply_rope_pos_ids_inplace", "q must be a CUDA tensor"):
+        call("apply_rope_pos_ids_inplace", q, k)
+    with raises("apply_rope_with_cos_sin_cache_inplace", "query must be a CUDA tensor"):
+        flashinfer.apply_rope_with_cos_sin_cache_inplace(torch.arange(6), qkv[:, :256], qkv[:, 256:384], 64,
+                                                         torch.randn(16, 64))
+
+
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("rotary_dim", (63, 66, 0, -2, 1))
 def test_rotary_dim_must_be_even_and_at_most_head_dim(name, rotary_dim):
