@@ -143,6 +143,9 @@ CacheView cache_view(const fb::Checker& c, const MutTensor& a, const MutTensor& 
       throw std::runtime_error(op + ": k_cache and v_cache must have identical strides; got (" + ks + ") and (" + vs +
                                ")");
     }
+  // The same memory as both caches: every appended K would be overwritten by its V.
+  if (a.data() == b.data() && a.size() > 0)
+    fb::fail(op + ": paged_kv_cache[1] (v_cache) must not be the same memory as paged_kv_cache[0] (k_cache)");
   fill_view(a, -1, layout, &cv);
   cv.k = static_cast<char*>(a.data());
   cv.v = static_cast<char*>(b.data());

@@ -94,6 +94,13 @@ def test_tuple_form_errors():
     with raises("k_cache and v_cache must have identical strides; got (512, 128, 64, 1) and (1024, 256, 64, 1)",
                 exc=RuntimeError):
         flashinfer.append_paged_kv_cache(**a)
+    a["paged_kv_cache"] = (k, k)  # one tensor as both caches: V would overwrite every appended K
+    with raises("paged_kv_cache[1] (v_cache) must not be the same memory as paged_kv_cache[0] (k_cache)"):
+        flashinfer.append_paged_kv_cache(**a)
+    both = torch.zeros(6, 2, 4, 2, 64, dtype=F16)  # K and V halves of one buffer: accepted
+    a["paged_kv_cache"] = (both[:, 0], both[:, 1])
+    with raises("append_key must be a CUDA tensor"):
+        flashinfer.append_paged_kv_cache(**a)
     a["paged_kv_cache"] = (torch.zeros(6, 64, dtype=F16), torch.zeros(6, 64, dtype=F16))
     with raises("paged_kv_cache[0] (k_cache) must be 4-D [max_num_pages, page_size, num_kv_heads, head_dim] or 3-D "
                 "[max_num_pages, num_kv_heads, head_dim]; got a 2-D tensor of shape (6, 64)"):
