@@ -4,7 +4,6 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -79,26 +78,16 @@ void check_head_dim(const char* op, const char* name, int dim, int64_t head_dim)
 }
 
 // A tensor the kernel writes must not alias itself (an expanded view: stride 0, or strides
-// that make rows overlap), or its threads would race on the same memory. Sufficient test:
-// with the dimensions sorted by |stride|, each stride exceeds the span of those inside it.
+// that make rows overlap), or its threads would race on the same memory. v tensors are 3-D
+// [seq_len, num_heads, head_dim] with a contiguous last dimension (rows of head_dim elements),
+// s tensors 2-D [seq_len, num_heads] with any strides (rows of one element); layout.h's
+// rows_disjoint decides, exactly.
 void check_no_self_overlap(const char* op, const MutTensor& t, const char* name) {
-  std::pair<int64_t, int64_t> dims[4];  // (|stride|, size) of the dimensions of size > 1 (ndim <= 4 here)
-  size_t n = 0;
-  for (size_t i = 0; i < t.ndim() && n < 4; ++i)
-    if (t.shape(i) > 1) dims[n++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), int64_t(t.shape(i))};
-  std::sort(dims, dims + n);
-  int64_t span = 0;  // the largest offset the dimensions so far reach
-  for (size_t k = 0; k < n; ++k) {
-    const auto [stride, size] = dims[k];
-    if (stride <= span) {
-      std::string st = "(";
-      for (size_t j = 0; j < t.ndim(); ++j) st += (j ? ", " : "") + std::to_string(t.stride(j));
-      fb::fail(std::string(op) + ": " + name + " is written and must not overlap itself (an expanded or " +
-               "overlapping view); got shape " + fb::shape_str(t) + " and strides " + st +
-               (t.ndim() == 1 ? ",)" : ")"));
-    }
-    span += stride * (size - 1);
-  }
+  const bool v = t.ndim() == 3;
+  const flashinfer::RowLayout l{int64_t(t.shape(1)), t.stride(0), t.stride(1)};
+  if (!flashinfer::rows_disjoint(l, int64_t(t.shape(0)) * int64_t(t.shape(1)), v ? int64_t(t.shape(2)) : 1))
+    fb::fail(std::string(op) + ": " + name + " is written and must not overlap itself (an expanded or " +
+             "overlapping view); got shape " + fb::shape_str(t) + " and strides " + fb::stride_str(t));
 }
 
 StateStrides strides_of(const MutTensor& v, const MutTensor& s) {
