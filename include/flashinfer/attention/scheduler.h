@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -89,23 +90,61 @@ inline void decode_split(int64_t len, int64_t chunk, int64_t* n, int64_t* step) 
 // the last to finish and runs items 0, slots, 2 slots, ... of the sorted list; each item
 // costs its keys plus item_cost. A split request also waits for its merge, which reads
 // 16 chunks per L2 round trip (~ item_cost / 4 each).
+// Sorts packed (length << 32 | count) run keys by length, longest first (equal lengths in any
+// order). Long lists take an LSD radix sort over the length bits: 4 passes of 8 bits (lengths
+// are < 2^31), each skipped when all keys share its digit, as in uniform batches. Short lists
+// take std::sort. plan() runs this for every split candidate; with a thousand requests the
+// sort was most of the planner's time.
+inline void sort_runs_longest_first(std::vector<uint64_t>* runs, std::vector<uint64_t>* tmp) {
+  const size_t n = runs->size();
+  if (n < 256) {
+    std::sort(runs->begin(), runs->end(), std::greater<uint64_t>());
+    return;
+  }
+  tmp->resize(n);
+  uint64_t* src = runs->data();
+  uint64_t* dst = tmp->data();
+  for (int shift = 32; shift < 64; shift += 8) {
+    uint32_t start[256] = {};
+    for (size_t i = 0; i < n; ++i) ++start[(src[i] >> shift) & 255];
+    if (start[(src[0] >> shift) & 255] == n) continue;  // one digit: nothing moves
+    uint32_t sum = 0;  // descending digits: bucket 255 first
+    for (int b = 255; b >= 0; --b) {
+      const uint32_t c = start[b];
+      start[b] = sum;
+      sum += c;
+    }
+    for (size_t i = 0; i < n; ++i) dst[start[(src[i] >> shift) & 255]++] = src[i];
+    std::swap(src, dst);
+  }
+  if (src != runs->data()) std::copy(src, src + n, runs->data());
+}
+
 inline int64_t decode_makespan(const std::vector<int64_t>& kv_lens, int64_t units, int64_t chunk, int64_t slots,
-                               int64_t item_cost) {
-  std::vector<std::pair<int64_t, int64_t>> runs;  // (item length, count)
+                               int64_t item_cost, std::vector<uint64_t>* scratch = nullptr,
+                               std::vector<uint64_t>* scratch2 = nullptr) {
+  // Runs of equal-length items as (length << 32 | count): ordering the packed keys by length
+  // is all the walk below needs.
+  std::vector<uint64_t> local, local2;
+  std::vector<uint64_t>& runs = scratch ? *scratch : local;
+  runs.clear();
   int64_t max_chunks = 1;
   for (int64_t len : kv_lens) {
     int64_t n, step;
     decode_split(len, chunk, &n, &step);
     max_chunks = std::max(max_chunks, n);
-    if (n > 1) runs.push_back({step, (n - 1) * units});
-    runs.push_back({len - (n - 1) * step, units});
+    if (n > 1) runs.push_back(static_cast<uint64_t>(step) << 32 | static_cast<uint64_t>((n - 1) * units));
+    runs.push_back(static_cast<uint64_t>(len - (n - 1) * step) << 32 | static_cast<uint64_t>(units));
   }
-  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  sort_runs_longest_first(&runs, scratch2 ? scratch2 : &local2);
   int64_t t = 0, pos = 0, next = 0;  // next: index of CTA 0's next item in the sorted list
-  for (const auto& [len, count] : runs) {
-    while (next < pos + count) {
-      t += len + item_cost;
-      next += std::max<int64_t>(slots, 1);
+  const int64_t stride = std::max<int64_t>(slots, 1);
+  for (const uint64_t r : runs) {
+    const int64_t len = static_cast<int64_t>(r >> 32), count = static_cast<int64_t>(r & 0xffffffffu);
+    if (next < pos + count) {  // CTA 0's items in this run: next, next + stride, ... < pos + count
+      const int64_t k = ceil_div<int64_t>(pos + count - next, stride);
+      t += k * (len + item_cost);
+      next += k * stride;
     }
     pos += count;
   }
@@ -140,8 +179,10 @@ inline int64_t choose_decode_chunk(const std::vector<int64_t>& kv_lens, int64_t 
   std::sort(cands.begin(), cands.end());
   cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
   int64_t best = 0, best_t = -1;
+  std::vector<uint64_t> scratch, scratch2;
+  scratch.reserve(2 * kv_lens.size());
   for (int64_t c : cands) {
-    const int64_t t = decode_makespan(kv_lens, units, c, slots, cfg.item_cost);
+    const int64_t t = decode_makespan(kv_lens, units, c, slots, cfg.item_cost, &scratch, &scratch2);
     if (best_t < 0 || t < best_t || (t == best_t && (c == 0 || (best != 0 && c > best)))) best = c, best_t = t;
   }
   return best;
@@ -202,6 +243,11 @@ inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodeP
   }
   plan.chunk_tokens = chunk;
   plan.merge.resize(batch);
+  // One record per (request, chunk), its units expanded after the sort: all units of a chunk
+  // have its length, so sorting chunks (stably, longest first) and then listing each chunk's
+  // units in order gives the item order a stable sort of the items would.
+  std::vector<DecodeWorkItem> chunks;
+  chunks.reserve(static_cast<size_t>(batch));
   int32_t next_slot = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = kv_lens[b];
@@ -211,11 +257,8 @@ inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodeP
     const int32_t page_begin = page_begins.empty() ? 0 : static_cast<int32_t>(page_begins[b]);
     for (int64_t c = 0; c < n; ++c) {
       const int64_t lo = std::min(len, c * step), hi = std::min(len, (c + 1) * step);
-      for (int64_t u = 0; u < units; ++u) {
-        plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(u), static_cast<int32_t>(lo),
-                              static_cast<int32_t>(hi), n > 1 ? static_cast<int32_t>(next_slot + c) : -1,
-                              static_cast<int32_t>(len), page_begin, 0});
-      }
+      chunks.push_back({static_cast<int32_t>(b), 0, static_cast<int32_t>(lo), static_cast<int32_t>(hi),
+                        n > 1 ? static_cast<int32_t>(next_slot + c) : -1, static_cast<int32_t>(len), page_begin, 0});
     }
     if (n > 1) {
       next_slot += static_cast<int32_t>(n);
@@ -224,9 +267,16 @@ inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodeP
   }
   plan.num_partial_states = next_slot;
   // Longest first: the persistent grid takes items round-robin, so big ones start early.
-  std::stable_sort(plan.items.begin(), plan.items.end(), [](const DecodeWorkItem& a, const DecodeWorkItem& b) {
+  std::stable_sort(chunks.begin(), chunks.end(), [](const DecodeWorkItem& a, const DecodeWorkItem& b) {
     return (a.kv_end - a.kv_begin) > (b.kv_end - b.kv_begin);
   });
+  plan.items.reserve(chunks.size() * static_cast<size_t>(units));
+  for (const DecodeWorkItem& ch : chunks) {
+    for (int64_t u = 0; u < units; ++u) {
+      plan.items.push_back(ch);
+      plan.items.back().unit = static_cast<int32_t>(u);
+    }
+  }
   return plan;
 }
 

@@ -2,6 +2,7 @@
 // split length, partial slots are disjoint, and fixed/disabled splits are batch-invariant.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <random>
@@ -62,8 +63,51 @@ static void check_plan(const std::vector<int64_t>& lens, const DecodePlanConfig&
     CHECK(p.items[i - 1].kv_end - p.items[i - 1].kv_begin >= p.items[i].kv_end - p.items[i].kv_begin);
 }
 
+// decode_makespan against a direct simulation: every item listed, sorted longest first, CTA 0
+// taking items 0, slots, 2 slots, ...
+static int64_t makespan_direct(const std::vector<int64_t>& lens, int64_t units, int64_t chunk, int64_t slots,
+                               int64_t cost) {
+  std::vector<int64_t> items;
+  int64_t max_chunks = 1;
+  for (int64_t len : lens) {
+    int64_t n, step;
+    decode_split(len, chunk, &n, &step);
+    max_chunks = std::max(max_chunks, n);
+    for (int64_t c = 0; c < n; ++c)
+      for (int64_t u = 0; u < units; ++u) items.push_back(std::min(len, (c + 1) * step) - std::min(len, c * step));
+  }
+  std::sort(items.begin(), items.end(), std::greater<int64_t>());
+  int64_t t = 0;
+  for (size_t i = 0; i < items.size(); i += static_cast<size_t>(slots)) t += items[i] + cost;
+  if (max_chunks > 1) t += ceil_div<int64_t>(max_chunks, 16) * (cost / 4);
+  return t;
+}
+
 int main() {
   std::mt19937 rng(5);
+  // The run sort (radix for long lists, std::sort for short): a permutation, longest first.
+  for (int it = 0; it < 300; ++it) {
+    const size_t n = rng() % 3 == 0 ? rng() % 64 : 256 + rng() % 3000;
+    const int kind = rng() % 3;  // uniform, two lengths, spread
+    std::vector<uint64_t> runs(n), tmp;
+    for (auto& r : runs) {
+      const uint64_t len = kind == 0 ? 1024 : kind == 1 ? (rng() % 2 ? 512 : 4096) : rng() % (1u << 31);
+      r = len << 32 | (1 + rng() % 1000);
+    }
+    std::vector<uint64_t> sorted = runs;
+    sort_runs_longest_first(&sorted, &tmp);
+    for (size_t i = 1; i < n; ++i) CHECK((sorted[i - 1] >> 32) >= (sorted[i] >> 32));
+    std::vector<uint64_t> a = runs, b = sorted;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    CHECK(a == b);
+  }
+  for (int it = 0; it < 200; ++it) {
+    std::vector<int64_t> lens(1 + rng() % 400);
+    for (auto& l : lens) l = rng() % 2 ? 4096 : int64_t(rng() % 9000);
+    const int64_t units = 1 + rng() % 8, slots = 1 + rng() % 500, chunk = (rng() % 4) * 640, cost = 96;
+    CHECK(decode_makespan(lens, units, chunk, slots, cost) == makespan_direct(lens, units, chunk, slots, cost));
+  }
   DecodePlanConfig cfg;
   for (int group : {1, 4, 8, 12, 32}) {
     for (int heads : {1, 8}) {
