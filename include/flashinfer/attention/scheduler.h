@@ -85,11 +85,6 @@ inline void decode_split(int64_t len, int64_t chunk, int64_t* n, int64_t* step) 
   *n = ceil_div(len, *step);
 }
 
-// Modelled run time, in keys, of the work items a split produces: the kernels walk the
-// items longest first with a static stride of `slots` (the persistent grid), so CTA 0 is
-// the last to finish and runs items 0, slots, 2 slots, ... of the sorted list; each item
-// costs its keys plus item_cost. A split request also waits for its merge, which reads
-// 16 chunks per L2 round trip (~ item_cost / 4 each).
 // Sorts packed (length << 32 | count) run keys by length, longest first (equal lengths in any
 // order). Long lists take an LSD radix sort over the length bits: 4 passes of 8 bits (lengths
 // are < 2^31), each skipped when all keys share its digit, as in uniform batches. Short lists
@@ -120,11 +115,17 @@ inline void sort_runs_longest_first(std::vector<uint64_t>* runs, std::vector<uin
   if (src != runs->data()) std::copy(src, src + n, runs->data());
 }
 
+// Modelled run time, in keys, of the work items a split produces: the kernels walk the
+// items longest first with a static stride of `slots` (the persistent grid), so CTA 0 is
+// the last to finish and runs items 0, slots, 2 slots, ... of the sorted list; each item
+// costs its keys plus item_cost. A split request also waits for its merge, which reads
+// 16 chunks per L2 round trip (~ item_cost / 4 each).
 inline int64_t decode_makespan(const std::vector<int64_t>& kv_lens, int64_t units, int64_t chunk, int64_t slots,
                                int64_t item_cost, std::vector<uint64_t>* scratch = nullptr,
                                std::vector<uint64_t>* scratch2 = nullptr) {
   // Runs of equal-length items as (length << 32 | count): ordering the packed keys by length
-  // is all the walk below needs.
+  // is all the walk below needs. Lengths are < 2^31 (int32 items); counts are at most
+  // (len / min_chunk) x units, far below 2^32 for any real cache.
   std::vector<uint64_t> local, local2;
   std::vector<uint64_t>& runs = scratch ? *scratch : local;
   runs.clear();
