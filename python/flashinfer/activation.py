@@ -20,14 +20,15 @@ def _act(name: str, kernel: Any, input: Any, out: Optional[Any], enable_pdl: Opt
         raise ValueError("The last dimension must be even (2 * hidden_size).")
     if out is None:
         out = fw.empty((*shape[:-1], shape[-1] // 2), input)
+        out_dl = fw.to_dlpack(out)
     else:
-        framework_of(out, "out")  # a TypeError naming `out` for a non-tensor
+        out_dl = to_dlpack(out, "out")  # (a non-tensor: a TypeError naming `out`)
         assert out.ndim == input.ndim, f"out.ndim ({out.ndim}) must equal input.ndim ({input.ndim})"
         assert tuple(out.shape[:-1]) == tuple(shape[:-1]), (
             f"out.shape[:-1] {tuple(out.shape[:-1])} must equal input.shape[:-1] {tuple(shape[:-1])}")
         assert 2 * out.shape[-1] == shape[-1], (
             f"out.shape[-1] ({out.shape[-1]}) must be input.shape[-1] // 2 ({shape[-1] // 2})")
-    kernel(fw.to_dlpack(input), to_dlpack(out, "out"), fw.stream(input), enable_pdl is not False)
+    kernel(fw.to_dlpack(input), out_dl, fw.stream(input), enable_pdl is not False)
     return out
 
 
