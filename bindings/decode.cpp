@@ -210,7 +210,8 @@ class DecodeRunner {
                double soft_cap, double rope_scale, double rope_theta, uintptr_t indptr, uintptr_t indices,
                uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
                uintptr_t partial_o, uintptr_t partial_lse, uintptr_t merge_counters, bool launch_merge,
-               int64_t max_grid, int64_t max_page_index, bool use_tc, int64_t num_items_host, int stages)
+               int64_t max_grid, int64_t max_page_index, bool use_tc, int64_t num_items_host, int stages,
+               int64_t kv_keys_host)
       : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
         hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
         sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
@@ -218,7 +219,7 @@ class DecodeRunner {
         items_(items), num_items_(num_items), merge_(merge), partial_o_(partial_o), partial_lse_(partial_lse),
         counters_(merge_counters),
         launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc),
-        num_items_host_(num_items_host), stages_(stages) {
+        num_items_host_(num_items_host), stages_(stages), kv_keys_host_(kv_keys_host) {
     check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
   }
 
@@ -300,6 +301,7 @@ class DecodeRunner {
       p.items = reinterpret_cast<const flashinfer::attention::DecodeWorkItem*>(items_);
       p.num_items = reinterpret_cast<const int32_t*>(num_items_);
       p.num_items_host = num_items_host_;
+      p.kv_keys_host = kv_keys_host_;
       p.stages = stages_;
       p.merge = reinterpret_cast<const flashinfer::attention::DecodeMergeInfo*>(merge_);
       p.partial_o = reinterpret_cast<float*>(partial_o_);
@@ -334,10 +336,11 @@ class DecodeRunner {
   bool use_tc_;
   int64_t num_items_host_;  // > 0: the plan's item count (0 under CUDA graphs: read on the device)
   int stages_;              // > 0: the plan's pipeline depth
+  int64_t kv_keys_host_;    // > 0: the plan's total key count (0 under CUDA graphs)
 };
 
 // Host planner: kv lengths and page-table starts -> (items [n, 8], merge [batch, 2], partial
-// states, any split, chunk, grid, stages). allow_shape and max_partial_states: see shaped_plan.
+// states, any split, chunk, grid, stages, total keys). allow_shape and max_partial_states: see shaped_plan.
 nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> kv_lens,
                nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> page_begins, int num_qo_heads,
                int num_kv_heads, int head_dim, int64_t page_size, const std::string& dtype, bool disable_split_kv,
@@ -371,7 +374,10 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   std::vector<int32_t> dummy(kInts, 0);
   auto items = numpy_copy(n ? reinterpret_cast<const int32_t*>(pl.items.data()) : dummy.data(), {n, kInts});
   auto merge = numpy_copy(lens.empty() ? dummy.data() : reinterpret_cast<const int32_t*>(pl.merge.data()), {lens.size(), 2});
-  return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens, sp.slots, sp.stages);
+  int64_t keys = 0;
+  for (int64_t len : lens) keys += len > 0 ? len : 0;
+  return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens, sp.slots, sp.stages,
+                        keys);
 }
 
 // Keys per chunk, chunk count and pipeline depth for single decode of kv_len keys (the same
@@ -479,7 +485,7 @@ NB_MODULE(_decode, m) {
   nb::class_<DecodeRunner>(m, "DecodeRunner")
       .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int>())
+                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int, int64_t>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
            "stream"_a, "enable_pdl"_a);
 }

@@ -274,7 +274,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                  f"({len(self._paged_kv_indices_buf)})")
 
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
-        items, merge, n_partial, any_split, _chunk, grid, stages = _decode.plan(
+        items, merge, n_partial, any_split, _chunk, grid, stages, total_keys = _decode.plan(
             np.ascontiguousarray(kv_lens, dtype=np.int64), np.ascontiguousarray(indptr_h[:-1], dtype=np.int64),
             num_qo_heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
@@ -339,7 +339,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
             base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
-            self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages)
+            self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages,
+            0 if self._use_cuda_graph else total_keys)
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._head_dim = head_dim

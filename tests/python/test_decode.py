@@ -174,6 +174,19 @@ def _planned_stages(lens, page_size=16, hq=32, hkv=8, d=128):
     return out[6], out[5]
 
 
+def test_plan_total_keys():
+    """The plan reports the key count of all requests (the launch's L2 policy reads it)."""
+    from flashinfer import _decode
+    import numpy as np
+
+    lens = [0, 1, 17, 4096, 333]
+    pages = [-(-n // 16) for n in lens]
+    begins = np.cumsum([0] + pages[:-1]).astype(np.int64)
+    out = _decode.plan(np.asarray(lens, np.int64), begins, 32, 8, 128, 16, "bfloat16", False, 0, True, 0,
+                       torch.cuda.current_device(), True, -1)
+    assert out[7] == sum(lens)
+
+
 @pytest.mark.parametrize("lens", [[4096] * 24, [2048] * 40, [3000, 5000, 1200, 4096] * 5 + [0]])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_wide_launch_shape(lens, layout):

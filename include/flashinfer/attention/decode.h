@@ -33,6 +33,7 @@ struct DecodeParams {
   const DecodeWorkItem* items;  // [*num_items] or null
   const int32_t* num_items;     // device scalar (read by the persistent grid)
   int64_t num_items_host;       // > 0: the same count, known at launch (0: unknown, as under CUDA graphs)
+  int64_t kv_keys_host;         // > 0: keys of all requests (the plan's), known at launch (0: unknown)
   int64_t implicit_chunk;       // items == null: keys per chunk of request 0
   int64_t implicit_chunks;      // items == null: number of chunks
   const DecodeMergeInfo* merge;  // [batch] (explicit) or null

@@ -95,21 +95,33 @@ inline TcCopy decode_tc_copy_asked(const DeviceInfo& dev) {
 
 // Whether the box engine marks the K/V lines it streams L2 evict-first, so that they replace
 // each other rather than the dirty lines earlier kernels left in L2 (whose write-back would
-// share DRAM with the stream): for batches of at most kDecodeL2FirstBatch requests, where each
-// CTA streams one long run. H200, bf16, 32/8 x 128, page 16, L2 dirty from a 256 MiB memset
-// (us, normal -> evict-first): 1 x 32768 53.2 -> 51.4, single decode 32768 52.0 -> 50.0,
-// 16 x 4096 84.4 -> 84.9, 1 x 4096 19.5 -> 19.4, 64 x 2048 149.3 -> 151.8, 256 x 1024
-// 281.8 -> 285.8, 128 x 8192 1050 -> 1050. FLASHINFER_DECODE_L2=first|normal (read once)
-// forces a policy.
+// share DRAM with the stream). It pays while the whole stream is a few times L2, and costs a
+// little on long streams. H200, bf16, 32/8 x 128, page 16, L2 dirty from a 256 MiB memset
+// (us, normal -> evict-first; MB of K+V):
+//   gains:   1 x 32768 (134) 53.2 -> 51.4, single 32768 52.0 -> 50.0, 6 x 4096 (101) 42.2 ->
+//            38.9, 8 x 2048 (67) 33.8 -> 31.8, 8 x 4096 (134) 50.3 -> 47.6, 12 x 4096 (201)
+//            66.5 -> 65.1;
+//   neutral: 1 x 4096 19.5 -> 19.4, 16 x 4096 (268) 81.5 -> 81.5, 8 x 8192 (268) 81.9 -> 81.8,
+//            128 x 8192 1050 -> 1050;
+//   losses:  8 x 16384 (537) 141.5 -> 147.2, 64 x 2048 (537) 149.3 -> 151.8, 256 x 1024 (537)
+//            281.8 -> 285.8.
+// So the policy is on when the launch streams at most kDecodeL2FirstBytes of K and V. Against
+// the earlier rule (batches <= 4), same run, us normal -> evict-first: 16 x 2048 50.7 -> 48.0,
+// 32 x 1024 48.9 -> 47.0, 64 x 512 51.3 -> 49.8, 96 x 512 66.0 -> 63.7, 128 x 256 52.1 -> 48.8,
+// 16 x 4096 at head_dim 64 50.7 -> 49.0 and at 4 KV heads 53.5 -> 51.5; 16 x 4096 (256 MiB,
+// off) 80.9 either way. Where the key count is unknown at launch (CUDA graphs), batches of at
+// most kDecodeL2FirstBatch requests. FLASHINFER_DECODE_L2=first|normal (read once) forces a policy.
+constexpr int64_t kDecodeL2FirstBytes = int64_t{224} << 20;
 constexpr int64_t kDecodeL2FirstBatch = 4;
-inline bool decode_tc_l2_evict_first(int64_t batch_size) {
+inline bool decode_tc_l2_evict_first(int64_t batch_size, int64_t kv_bytes) {
   static const int forced = [] {
     const char* e = std::getenv("FLASHINFER_DECODE_L2");
     if (e && std::strcmp(e, "first") == 0) return 1;
     if (e && std::strcmp(e, "normal") == 0) return 0;
     return -1;
   }();
-  return forced >= 0 ? forced == 1 : batch_size <= kDecodeL2FirstBatch;
+  if (forced >= 0) return forced == 1;
+  return kv_bytes > 0 ? kv_bytes <= kDecodeL2FirstBytes : batch_size <= kDecodeL2FirstBatch;
 }
 
 // The L2 promotion of the box engine's tensor maps: 128 bytes (a box row of 64 dims is one
@@ -246,7 +258,9 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     copy = decode_tc_copy_asked(dev);
     if (copy == TcCopy::kBoxes && !(kHeadDim <= 128 && decode_tc_boxes_fit(p) && decode_tc_tensor_maps(p, &maps)))
       copy = TcCopy::kRows;
-    maps.l2_evict_first = decode_tc_l2_evict_first(p.batch_size) ? 1 : 0;
+    const int64_t keys = p.contiguous_len >= 0 ? p.contiguous_len : p.kv_keys_host;
+    const int64_t kv_bytes = keys * p.num_kv_heads * kHeadDim * 2 * int64_t{sizeof(T)};
+    maps.l2_evict_first = decode_tc_l2_evict_first(p.batch_size, kv_bytes) ? 1 : 0;
     if (copy == TcCopy::kRows && !decode_tc_bulk_aligned(p)) copy = TcCopy::kCpAsync;
   }
   DecodeLaunch l;
