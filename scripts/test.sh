@@ -3,6 +3,7 @@
 # Works on a fresh machine with the CUDA toolkit (nvcc) installed; GPU tests skip without a GPU.
 #   FLASHINFER_CUDA_ARCH_LIST="9.0" bash scripts/test.sh        (one SM target: fastest build)
 #   FLASHINFER_TEST_NO_DEPS=1   skip the pip install of test dependencies (offline GPU machines)
+#   FLASHINFER_TEST_NO_CPP=1    skip the C++ part (ctest and the example), e.g. to fit a time limit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -27,22 +28,30 @@ t0=$(date +%s)
 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS $PY -m pip install -q --no-build-isolation --no-deps .
 echo "   package build: $(( $(date +%s) - t0 )) s"
 
-echo "== C++ tests (ctest) and the installed-package example"
-B=build/ctest
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PWD/build/prefix" \
-  -DFLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-}" -DFLASHINFER_BUILD_EMU_TESTS=ON > build/ctest-configure.log
-cmake --build $B -j "$JOBS"
-cmake --install $B > /dev/null
-ARCHS=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' $B/CMakeCache.txt)
-cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/prefix" \
-  -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-90}" > build/example-configure.log
-cmake --build build/example -j "$JOBS"
+ctest_rc=0
+ex_rc=0
+if [ -z "${FLASHINFER_TEST_NO_CPP:-}" ]; then
+  echo "== C++ tests (ctest) and the installed-package example"
+  B=build/ctest
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PWD/build/prefix" \
+    -DFLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-}" -DFLASHINFER_BUILD_EMU_TESTS=ON > build/ctest-configure.log
+  cmake --build $B -j "$JOBS"
+  cmake --install $B > /dev/null
+  ARCHS=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' $B/CMakeCache.txt)
+  cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/prefix" \
+    -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-90}" > build/example-configure.log
+  cmake --build build/example -j "$JOBS"
+  set +e
+  (cd $B && ctest --output-on-failure -j "$JOBS")
+  ctest_rc=$?
+  ./build/example/rmsnorm_example
+  ex_rc=$?
+  [ $ex_rc -eq 77 ] && ex_rc=0
+  set -e
+else
+  echo "== C++ tests skipped (FLASHINFER_TEST_NO_CPP)"
+fi
 set +e
-(cd $B && ctest --output-on-failure -j "$JOBS")
-ctest_rc=$?
-./build/example/rmsnorm_example
-ex_rc=$?
-[ $ex_rc -eq 77 ] && ex_rc=0
 echo "== pytest"
 $PY -m pytest tests/python -q -rs --durations=15 ${PYTEST_ARGS:-}
 py_rc=$?
