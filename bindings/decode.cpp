@@ -252,8 +252,7 @@ class DecodeRunner {
       fb::fail(std::string(c.op) + ": the planned indices reference page " + std::to_string(max_page_index_) +
                " but paged_kv_cache has only " + std::to_string(kv.num_pages) + " pages");
     check_kv_alignment(c, kv);
-    bool out_ok = out.ndim() == 3 && fb::dtype_of(out) == dt && out.device_type() == q.device_type() &&
-                  out.device_id() == q.device_id();
+    bool out_ok = out.ndim() == 3 && fb::dtype_of(out) == dt;  // (its device: cuda_device below names it)
     for (size_t i = 0; out_ok && i < 3; ++i) out_ok = out.shape(i) == q.shape(i);
     if (!out_ok)
       fb::fail("Invalid shape of out: expected " + fb::shape_str(q) + " " + fb::dtype_str(dt) + "; got " +

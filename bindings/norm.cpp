@@ -1,7 +1,9 @@
 // _norm: RMSNorm, Gemma RMSNorm, their fused-add forms, LayerNorm. Checks, Params, launch.
-#include "common.h"
 #include <nanobind/stl/string.h>
 
+#include <cmath>
+
+#include "common.h"
 #include "dispatch_dtype.h"
 #include "norm_inst.h"
 
@@ -14,10 +16,17 @@ using fb::MutTensor;
 
 namespace {
 
+// eps as the kernels add it under the square root: a finite number >= 0.
+void check_eps(const char* op, double eps) {
+  if (!std::isfinite(eps) || eps < 0.0)
+    fb::fail(std::string(op) + ": eps must be a finite number >= 0; got " + std::to_string(eps));
+}
+
 // out = input / rms(input) * (weight + weight_offset); input 2-D or 3-D.
 void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, double eps,
              float weight_offset, uintptr_t stream, bool enable_pdl) {
   const fb::Checker c{op};
+  check_eps(op, eps);
   c.ndim_in(input, "input", {2, 3}, "2-D [num_tokens, hidden_size] or 3-D [num_tokens, num_heads, head_dim]");
   const fb::DType dt = c.dtype_half(input, "input");
   c.last_contiguous(input, "input");
@@ -52,6 +61,7 @@ void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, d
 void fused_add_rmsnorm(const char* op, MutTensor input, MutTensor residual, MutTensor weight, double eps,
                        float weight_offset, uintptr_t stream, bool enable_pdl) {
   const fb::Checker c{op};
+  check_eps(op, eps);
   c.ndim_in(input, "input", {2}, "2-D [num_tokens, hidden_size]");
   const fb::DType dt = c.dtype_half(input, "input");
   c.last_contiguous(input, "input");
@@ -88,6 +98,7 @@ void fused_add_rmsnorm(const char* op, MutTensor input, MutTensor residual, MutT
 void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, double eps, uintptr_t stream) {
   const char* op = "layernorm";
   const fb::Checker c{op};
+  check_eps(op, eps);
   c.ndim_in(input, "input", {2}, "2-D [num_tokens, hidden_size]");
   const fb::DType dt = c.dtype_half(input, "input");
   c.last_contiguous(input, "input");

@@ -187,15 +187,22 @@ void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, u
 }
 
 void check_scalars(const fb::Checker& c, double rope_scale, double rope_theta, bool llama31, double low,
-                   double high) {
+                   double high, double old_context_len) {
   const std::string op = c.op;
   if (!(rope_scale > 0.0) || !std::isfinite(rope_scale))
     fb::fail(op + ": rope_scale must be a positive finite number; got " + std::to_string(rope_scale));
   if (!(rope_theta > 0.0) || !std::isfinite(rope_theta))
     fb::fail(op + ": rope_theta must be a positive finite number; got " + std::to_string(rope_theta));
-  if (llama31 && !(high > low))
+  if (!llama31) return;
+  if (!(low > 0.0) || !std::isfinite(low))
+    fb::fail(op + ": low_freq_factor must be a positive finite number; got " + std::to_string(low));
+  if (!std::isfinite(high))
+    fb::fail(op + ": high_freq_factor must be a finite number; got " + std::to_string(high));
+  if (!(high > low))
     fb::fail(op + ": high_freq_factor (" + std::to_string(high) + ") must be greater than low_freq_factor (" +
              std::to_string(low) + ")");
+  if (!(old_context_len > 0.0) || !std::isfinite(old_context_len))
+    fb::fail(op + ": old_context_len must be a positive finite number; got " + std::to_string(old_context_len));
 }
 
 int64_t checked_rotary_dim(const fb::Checker& c, std::optional<int64_t> rotary_dim, int64_t head_dim) {
@@ -253,7 +260,7 @@ void apply_rope(const char* op_name, MutTensor q, MutTensor k, MutTensor q_out, 
     c.dtype_is(offsets, "offsets", idt);
     vector_of(c, offsets, "offsets", a.batch_size, "indptr.shape[0] - 1 (batch_size)");
   }
-  check_scalars(c, rope_scale, rope_theta, llama31, low_freq_factor, high_freq_factor);
+  check_scalars(c, rope_scale, rope_theta, llama31, low_freq_factor, high_freq_factor, old_context_len);
   a.freq.theta = rope_theta;
   a.freq.scale = rope_scale;
   a.freq.llama31 = llama31;

@@ -59,6 +59,14 @@ Rows rows_of(const fb::Checker& c, const MutTensor& t, const char* name) {
   return r;
 }
 
+// The kernels that sample, renormalize or softmax read rows of at least `vocab` apart (an
+// expand()ed distribution would pass every other check, then fail at launch without a name).
+void rows_apart(const fb::Checker& c, const Rows& r, const char* name) {
+  if (r.rows > 1 && r.stride < r.vocab)
+    fb::fail(std::string(c.op) + ": " + name + " rows must not overlap: row stride " + str(r.stride) +
+             " < vocab size " + str(r.vocab) + " (pass a contiguous tensor)");
+}
+
 // A per-row sampling parameter given as a tensor: 1-D of length `rows` (FlashInfer's messages).
 void check_param(const fb::Checker& c, const OptTensor& t, const char* name, fb::DType want, int64_t rows) {
   if (!t) return;
@@ -160,6 +168,7 @@ void sampling(const char* op, MutTensor probs, MutTensor out, OptTensor valid, O
               int cluster, uintptr_t stream, bool pdl) {
   const fb::Checker c{op};
   const Rows r = rows_of(c, probs, "probs");
+  rows_apart(c, r, "probs");
   c.dtype_is(probs, "probs", fb::DType::kF32);
   fb::DType id_type;
   const int64_t batch = check_outputs(c, indices, out, r.rows, &id_type);
@@ -235,6 +244,7 @@ void renorm(const char* op, int kind, MutTensor input, MutTensor out, OptTensor 
   const fb::Checker c{op};
   const char* name = kind == 2 ? "logits" : "probs";
   const Rows r = rows_of(c, input, name);
+  rows_apart(c, r, name);
   const fb::DType dt = fb::dtype_of(input);
   if (kind == 1) {
     c.dtype_is(input, name, fb::DType::kF32);
@@ -277,6 +287,7 @@ void softmax(MutTensor logits, MutTensor out, OptTensor temperature_arr, double 
   const char* op = "softmax";
   const fb::Checker c{op};
   const Rows r = rows_of(c, logits, "logits");
+  rows_apart(c, r, "logits");
   c.dtype_is(logits, "logits", fb::DType::kF32);
   c.same_shape(out, "out", logits, "logits");
   c.dtype_is(out, "out", fb::DType::kF32);
@@ -310,6 +321,7 @@ void sampling_from_logits(MutTensor logits, MutTensor out, OptTensor indices, Op
   const char* op = "sampling_from_logits";
   const fb::Checker c{op};
   const Rows r = rows_of(c, logits, "logits");
+  rows_apart(c, r, "logits");
   c.dtype_is(logits, "logits", fb::DType::kF32);
   fb::DType id_type;
   const int64_t batch = check_outputs(c, indices, out, r.rows, &id_type);

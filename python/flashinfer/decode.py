@@ -113,6 +113,16 @@ def _torch():
     return torch
 
 
+def _soft_cap(logits_soft_cap: Any) -> float:
+    """logits_soft_cap as the kernels take it: a finite cap > 0, or 0.0 for off (None / 0)."""
+    if not logits_soft_cap:
+        return 0.0
+    cap = float(logits_soft_cap)
+    if not math.isfinite(cap) or cap < 0:
+        raise ValueError(f"logits_soft_cap must be a finite number >= 0 (or None); got {logits_soft_cap}")
+    return cap
+
+
 class BatchDecodeWithPagedKVCacheWrapper:
     """Batch decode over a paged KV cache: ``plan`` once per batch shape (host work, page
     table to the GPU), then ``run`` per layer (launches only; CUDA-graph capturable)."""
@@ -141,6 +151,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
                               ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
                 if not isinstance(buf, torch.Tensor) or not buf.is_cuda or buf.dtype != torch.int32:
                     raise ValueError(f"use_cuda_graph=True requires {name} as a CUDA int32 tensor")
+                if buf.dim() != 1 or not buf.is_contiguous():
+                    raise ValueError(f"{name} must be a contiguous 1-D tensor; got shape {tuple(buf.shape)}, "
+                                     f"strides {tuple(buf.stride())}")
+                if buf.device != self.device:
+                    raise ValueError(f"{name} must be on {self.device} (the workspace's device); got {buf.device}")
             self._fixed_batch_size = len(paged_kv_last_page_len_buffer)
             if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:
                 raise ValueError(f"len(paged_kv_indptr_buffer) ({len(paged_kv_indptr_buffer)}) must be "
@@ -172,15 +187,28 @@ class BatchDecodeWithPagedKVCacheWrapper:
         torch = _torch()
         if not isinstance(float_workspace_buffer, torch.Tensor) or not float_workspace_buffer.is_cuda:
             raise ValueError("float_workspace_buffer must be a CUDA tensor")
+        if not float_workspace_buffer.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous (plan() sizes it by numel() * element_size())")
         if float_workspace_buffer.data_ptr() % 16 != 0:
             raise ValueError("float_workspace_buffer must be 16-byte aligned")
         self._float_workspace_buffer = float_workspace_buffer
         self.device = float_workspace_buffer.device
         if int_workspace_buffer is None:
             int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        else:
+            if not isinstance(int_workspace_buffer, torch.Tensor) or int_workspace_buffer.device != self.device:
+                raise ValueError(f"int_workspace_buffer must be a CUDA tensor on {self.device} (the float workspace's "
+                                 f"device); got {getattr(int_workspace_buffer, 'device', type(int_workspace_buffer))}")
+            if not int_workspace_buffer.is_contiguous():
+                raise ValueError("int_workspace_buffer must be contiguous")
+            if int_workspace_buffer.data_ptr() % 16 != 0:
+                raise ValueError("int_workspace_buffer must be 16-byte aligned")
+            if int_workspace_buffer.dtype != torch.uint8 or int_workspace_buffer.dim() != 1:
+                # raw bytes, whatever the dtype (plan() writes byte offsets into it)
+                int_workspace_buffer = int_workspace_buffer.reshape(-1).view(torch.uint8)
         self._int_workspace_buffer = int_workspace_buffer
-        self._pin_memory_int_workspace_buffer = torch.empty(int_workspace_buffer.numel() * int_workspace_buffer.element_size(),
-                                                            dtype=torch.uint8, pin_memory=True)
+        self._pin_memory_int_workspace_buffer = torch.empty(int_workspace_buffer.numel(), dtype=torch.uint8,
+                                                            pin_memory=True)
         self._runner = None
 
     def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
@@ -244,9 +272,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if kv_name != q_name or o_name != q_name:
             raise NotImplementedError(f"q, kv and o dtypes must match (got q={q_name}, kv={kv_name}, o={o_name})")
         window_left = -1 if window_left is None else int(window_left)
-        soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
-        if soft_cap < 0:
-            raise ValueError(f"logits_soft_cap must be >= 0; got {logits_soft_cap}")
+        soft_cap = _soft_cap(logits_soft_cap)
         sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
         rope_scale = 1.0 if rope_scale is None else float(rope_scale)
         rope_theta = 1e4 if rope_theta is None else float(rope_theta)
@@ -266,6 +292,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 b = int(np.argmax((seq_h < 0) | (seq_h > cap)))
                 raise ValueError(f"seq_lens[{b}] = {seq_h[b]} must be in [0, pages * page_size = {cap[b]}]")
             kv_lens = seq_h
+        if kv_lens.size and int(kv_lens.max()) >= 2 ** 31:
+            b = int(np.argmax(kv_lens))
+            raise ValueError(f"request {b} has {int(kv_lens[b])} keys; a request must have fewer than 2**31")
         if self._use_cuda_graph:
             if batch != self._fixed_batch_size:
                 raise ValueError(f"batch size {batch} must equal the CUDA-graph batch size {self._fixed_batch_size}")
@@ -355,6 +384,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._cached_o_data_type = getattr(torch, o_name)
         self._page_size = int(page_size)
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+        self._plan_kwargs = dict(q_data_type=q_name, kv_data_type=kv_name, o_data_type=o_name,
+                                 non_blocking=non_blocking, block_tables=block_tables, seq_lens=seq_lens,
+                                 fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
         self._to_dlpack = torch._C._to_dlpack
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._empty_like = torch.empty_like  # ~0.7 us cheaper than q.new_empty(q.shape) (no size tuple)
@@ -420,9 +452,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def _replan(self, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta):
         if self._runner is None:
             raise RuntimeError("call plan() (begin_forward) first")
+        # the plan's other options (seq_lens, splits, dtypes) stay; only forward()'s are replaced
         self.plan(*self._plan_args, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-                  logits_soft_cap=logits_soft_cap, q_data_type=self._cached_q_data_type, sm_scale=sm_scale,
-                  rope_scale=rope_scale, rope_theta=rope_theta)
+                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                  **self._plan_kwargs)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
@@ -513,7 +546,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     _decode.single_decode(dl(q), to_dlpack(k, "k"), to_dlpack(v, "v"), dl(out), None if lse is None else dl(lse),
                           None if partial_o is None else dl(partial_o), None if partial_lse is None else dl(partial_lse),
                           layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
-                          float(logits_soft_cap) if logits_soft_cap else 0.0,
+                          _soft_cap(logits_soft_cap),
                           1.0 if rope_scale is None else float(rope_scale),
                           1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True,
                           stages)

@@ -13,6 +13,7 @@ need not be normalized; a row with NaN or no positive mass samples 0 with ``vali
 from __future__ import annotations
 
 import numbers
+import operator
 import sys
 from typing import Any, Optional, Tuple, Union
 
@@ -95,14 +96,29 @@ def _rows(x: Any) -> int:
     return int(x.shape[0]) if len(x.shape) >= 1 else 0
 
 
+# A filter parameter the call does not take (None is a user's value, and an error).
+_UNUSED = object()
+
+
 def _param(fw: Any, x: Any, dtype: str, name: str) -> Tuple[Any, Any]:
     """A per-row parameter as (tensor capsule or None, scalar); tensors cast to ``dtype``
-    (the binding checks their shape with FlashInfer's messages)."""
-    if x is None:
+    (the binding checks their shape with FlashInfer's messages). Scalars: an integer for
+    ``top_k``, a real number (not NaN) for ``top_p`` / ``min_p``."""
+    if x is _UNUSED:
         return None, 0
     if _is_tensor(x):
         return to_dlpack(_cast(fw, x, dtype), name), 0
-    return None, (int(x) if dtype == "int32" else float(x))
+    if dtype == "int32":
+        try:
+            return None, max(-1, min(operator.index(x), 0x7fffffff))  # (<= 0 and >= V: no filter)
+        except TypeError:
+            raise TypeError(f"{name} must be an int or a per-row int tensor; got {type(x).__name__} {x!r}") from None
+    if not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a float or a per-row float tensor; got {type(x).__name__} {x!r}")
+    v = float(x)
+    if v != v:
+        raise ValueError(f"{name} must not be NaN")
+    return None, v
 
 
 # ---- randomness -----------------------------------------------------------------------------
@@ -234,10 +250,14 @@ def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any,
         pa, top_p = _fast_prob(t, top_p)
         if top_p is None:
             return None
+    elif top_p != top_p:  # NaN: the general path's error
+        return None
     if type(min_p) is not float:
         ma, min_p = _fast_prob(t, min_p)
         if min_p is None:
             return None
+    elif min_p != min_p:
+        return None
     dev = probs.get_device()
     if dev < 0:
         return None
@@ -290,8 +310,8 @@ def _rows_and_output(fw: Any, x: Any, name: str, check_nan: bool, indices: Any) 
 
 
 def _sample(op: str, probs: Any, indices: Any, generator: Any, check_nan: bool, seed: Any, offset: Any,
-            return_valid: bool, filters: int, draws_per_row: int, top_k: Any = None, top_p: Any = None,
-            min_p: Any = None, stats: Any = None) -> Any:
+            return_valid: bool, filters: int, draws_per_row: int, top_k: Any = _UNUSED, top_p: Any = _UNUSED,
+            min_p: Any = _UNUSED, stats: Any = None) -> Any:
     fw = framework_of(probs, "probs")
     probs, batch, out = _rows_and_output(fw, probs, "probs", check_nan, indices)
     valid = _empty(fw, probs, (batch,), "bool") if return_valid else None
@@ -300,7 +320,7 @@ def _sample(op: str, probs: Any, indices: Any, generator: Any, check_nan: bool, 
     m_arr, m = _param(fw, min_p, "float32", "min_p")
     s_arr, s, o_arr, o = _randomness(fw, probs, generator, batch * draws_per_row, seed, offset, batch)
     _sampling.sampling(op, fw.to_dlpack(probs), fw.to_dlpack(out), _dl(valid, "valid"), _dl(indices, "indices"),
-                       k_arr, k, p_arr, 1.0 if top_p is None else p, m_arr, m, filters, s_arr, s, o_arr, o,
+                       k_arr, k, p_arr, 1.0 if top_p is _UNUSED else p, m_arr, m, filters, s_arr, s, o_arr, o,
                        _dl(stats, "stats"), _cluster_mode, fw.stream(probs), True)
     return (out, valid) if return_valid else out
 
@@ -436,7 +456,7 @@ def _renorm(op: str, kind: int, x: Any, top_k: Any, top_p: Any, as_f32: bool) ->
     out = fw.empty_like(x)
     k_arr, k = _param(fw, top_k, "int32", "top_k")
     p_arr, p = _param(fw, top_p, "float32", "top_p")
-    _sampling.renorm(op, kind, fw.to_dlpack(x), fw.to_dlpack(out), k_arr, k, p_arr, 1.0 if top_p is None else p,
+    _sampling.renorm(op, kind, fw.to_dlpack(x), fw.to_dlpack(out), k_arr, k, p_arr, 1.0 if top_p is _UNUSED else p,
                      fw.stream(x), True)
     return out
 
@@ -444,19 +464,19 @@ def _renorm(op: str, kind: int, x: Any, top_k: Any, top_p: Any, as_f32: bool) ->
 def top_p_renorm_probs(probs: Any, top_p: Union[Any, float], is_deterministic: bool = False) -> Any:
     r"""float32 ``[R, V]``: keep ``{i : mass above p_i < top_p * total}`` (``top_p >= 1`` keeps
     all), zero the rest, divide by the kept mass."""
-    return _renorm("top_p_renorm_probs", 1, probs, None, top_p, True)
+    return _renorm("top_p_renorm_probs", 1, probs, _UNUSED, top_p, True)
 
 
 def top_k_renorm_probs(probs: Any, top_k: Union[Any, int], is_deterministic: bool = False) -> Any:
     r"""Same dtype as ``probs`` (float32/float16/bfloat16): keep the values >= the k-th largest
     (ties kept), zero the rest, divide by the kept mass; ``top_k >= V`` keeps all."""
-    return _renorm("top_k_renorm_probs", 0, probs, top_k, None, False)
+    return _renorm("top_k_renorm_probs", 0, probs, top_k, _UNUSED, False)
 
 
 def top_k_mask_logits(logits: Any, top_k: Union[Any, int]) -> Any:
     r"""Same dtype as ``logits``: values below the k-th largest become ``-inf`` (ties kept, NaN
     masked), the rest unchanged; ``top_k >= V`` returns an unchanged copy."""
-    return _renorm("top_k_mask_logits", 2, logits, top_k, None, False)
+    return _renorm("top_k_mask_logits", 2, logits, top_k, _UNUSED, False)
 
 
 top_p_renorm_prob = top_p_renorm_probs
@@ -536,7 +556,17 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
                                          to_dlpack(target_probs, "target_probs"), fw.to_dlpack(out),
                                          to_dlpack(accepted, "accepted"), to_dlpack(emitted, "emitted"), s_arr, s,
                                          o_arr, o, fw.stream(draft_probs), True)
-    return out, accepted, emitted
+    # a given count tensor of another dtype was counted in an int32 copy: add back in place
+    given = (maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num)
+    counted = [accepted, emitted]
+    for i in range(2):
+        if given[i] is not None and counted[i] is not given[i]:
+            if fw.name == "torch":
+                given[i].copy_(counted[i])
+            else:
+                given[i][...] = counted[i]
+            counted[i] = given[i]
+    return out, counted[0], counted[1]
 
 
 # ---- diagnostics ------------------------------------------------------------------------------
@@ -574,6 +604,7 @@ def _sample_with_stats(probs: Any, top_k: Any = None, top_p: Any = None, min_p: 
     if top_k is not None and top_p is not None and filter_apply_order == "top_k_first":
         filters = _TOP_K_FIRST
     stats = _empty(fw, probs, (_rows(probs), 2), "int32")
+    unused = lambda x: _UNUSED if x is None else x  # noqa: E731
     out = _sample("_sample_with_stats", probs, None, None, False, seed, offset, False, filters, _ROUNDS,
-                  top_k=top_k, top_p=top_p, min_p=min_p, stats=stats)
+                  top_k=unused(top_k), top_p=unused(top_p), min_p=unused(min_p), stats=stats)
     return out, stats

@@ -4,6 +4,7 @@ and their indices, without sorting the row (exact threshold search, then one com
 from __future__ import annotations
 
 import enum
+import operator
 from typing import Any, Tuple
 
 from . import _sampling
@@ -32,7 +33,12 @@ def top_k(input: Any, k: int, sorted: bool = False, deterministic: bool = False,
     shape = tuple(input.shape)
     if len(shape) != 2:
         raise ValueError(f"top_k: input must be 2-D [batch_size, d]; got shape {shape}")
-    k = int(k)
+    try:
+        k = operator.index(k)
+    except TypeError:
+        raise TypeError(f"top_k: k must be an int; got {type(k).__name__} {k!r}") from None
+    if not 1 <= k <= shape[1]:  # (before the [B, k] outputs are allocated)
+        raise ValueError(f"top_k: k must be in [1, input.shape[1]] = [1, {shape[1]}]; got {k}")
     values = fw.empty((shape[0], k), input)
     indices = _empty(fw, input, (shape[0], k), "int64")
     _sampling.top_k(fw.to_dlpack(input), to_dlpack(values, "values"), to_dlpack(indices, "indices"), k,

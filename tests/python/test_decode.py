@@ -529,3 +529,82 @@ def test_workspace_alignment():
     ws = torch.empty(1 << 20, dtype=torch.uint8, device=CUDA)
     with pytest.raises(ValueError, match="16-byte aligned"):
         flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws[1:])
+
+
+def test_workspace_buffers_are_checked():
+    """A strided float workspace (sized by numel) and an int workspace on another device or not
+    contiguous are refused; an int workspace of another dtype is taken as its raw bytes."""
+    ws = torch.empty(16 << 20, dtype=torch.uint8, device=CUDA)
+    with pytest.raises(ValueError, match="float_workspace_buffer must be contiguous"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws[:1].expand(1 << 20))
+    w = _wrapper()
+    with pytest.raises(ValueError, match="int_workspace_buffer must be a CUDA tensor on cuda"):
+        w.reset_workspace_buffer(ws, torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="int_workspace_buffer must be contiguous"):
+        w.reset_workspace_buffer(ws, torch.empty(2 << 20, dtype=torch.uint8, device=CUDA)[::2])
+    # an int32 int workspace: plan() writes byte offsets into it; the answer must be right
+    lens, hq, hkv, d = [40, 300, 17], 8, 2, 128
+    cache, k, v, indptr, indices, last = make_cache(lens, 16, hkv, d, torch.float16, "NHD")
+    w.reset_workspace_buffer(ws, torch.zeros(1 << 18, dtype=torch.int32, device=CUDA))
+    w.plan(indptr, indices, last, hq, hkv, d, 16, q_data_type=torch.float16)
+    q = torch.randn(len(lens), hq, d, dtype=torch.float16, device=CUDA)
+    o, lse = w.run(q, cache, return_lse=True)
+    check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
+
+
+def test_cuda_graph_buffers_must_be_contiguous_and_on_the_device():
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=CUDA)
+    ok = dict(paged_kv_indptr_buffer=torch.zeros(5, dtype=torch.int32, device=CUDA),
+              paged_kv_indices_buffer=torch.zeros(64, dtype=torch.int32, device=CUDA),
+              paged_kv_last_page_len_buffer=torch.zeros(4, dtype=torch.int32, device=CUDA))
+    flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True, **ok)
+    bad = dict(ok, paged_kv_indices_buffer=torch.zeros(128, dtype=torch.int32, device=CUDA)[::2])
+    with pytest.raises(ValueError, match="paged_kv_indices_buffer must be a contiguous 1-D tensor"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True, **bad)
+    bad = dict(ok, paged_kv_indptr_buffer=torch.zeros(5, 1, dtype=torch.int32, device=CUDA))
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer must be a contiguous 1-D tensor"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True, **bad)
+
+
+def test_soft_cap_must_be_finite():
+    with pytest.raises(ValueError, match="logits_soft_cap must be a finite number >= 0"):
+        _wrapper().plan([0, 1], [0], [1], 8, 8, 128, 16, logits_soft_cap=float("nan"))
+    with pytest.raises(ValueError, match="logits_soft_cap must be a finite number >= 0"):
+        _wrapper().plan([0, 1], [0], [1], 8, 8, 128, 16, logits_soft_cap=float("inf"))
+    q = torch.randn(8, 128, dtype=torch.float16, device=CUDA)
+    k = torch.randn(10, 8, 128, dtype=torch.float16, device=CUDA)
+    for cap in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="logits_soft_cap must be a finite number >= 0"):
+            flashinfer.single_decode_with_kv_cache(q, k, k, logits_soft_cap=cap)
+
+
+def test_plan_rejects_requests_of_2_31_keys():
+    n = 2 ** 21 + 1  # pages of 1024 keys (one page id, repeated)
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*31"):
+        _wrapper().plan([0, n], [0] * n, [1024], 8, 8, 128, 1024)
+
+
+def test_forward_keeps_the_plans_other_options():
+    """The deprecated forward() re-plans with its own options only: seq_lens stays."""
+    lens, hq, hkv, d = [40, 300], 8, 2, 128
+    cache, k, v, indptr, indices, last = make_cache(lens, 16, hkv, d, torch.float16, "NHD")
+    short = [3, 200]
+    w = _wrapper()
+    w.plan(indptr, indices, last, hq, hkv, d, 16, q_data_type=torch.float16, seq_lens=torch.tensor(short))
+    q = torch.randn(2, hq, d, dtype=torch.float16, device=CUDA)
+    ref = w.run(q, cache)
+    got = w.forward(q, cache)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    for b, s in enumerate(short):  # against the reference over the first s keys
+        kb, vb = gather_pages(k, v, "NHD", indptr, indices, last, b)
+        ro, _ = decode_one(q[b], kb[:s], vb[:s], sm_scale=1.0 / math.sqrt(d))
+        assert_attention_close(got[b], ro, f"o[{b}]")
+
+
+def test_out_on_another_device_is_named():
+    w = _wrapper()
+    w.plan([0, 1], [0], [1], 8, 8, 128, 16, q_data_type=torch.float16)
+    q = torch.randn(1, 8, 128, dtype=torch.float16, device=CUDA)
+    k = torch.randn(2, 16, 8, 128, dtype=torch.float16, device=CUDA)
+    with pytest.raises(ValueError, match="out must be a CUDA tensor"):
+        w.run(q, (k, k), out=torch.empty(1, 8, 128, dtype=torch.float16))

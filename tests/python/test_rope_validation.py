@@ -195,6 +195,18 @@ def test_llama31_factors(name):
         call(name, q, k, low_freq_factor=1.0, high_freq_factor=1.0)
     with raises(name, "high_freq_factor (2.000000) must be greater than low_freq_factor (4.000000)"):
         call(name, q, k, low_freq_factor=4.0, high_freq_factor=2.0)
+    # values that would turn the frequencies into inf / NaN (every output NaN) or silently into
+    # plain RoPE (old_context_len <= 0)
+    for low in (0.0, -1.0, float("-inf"), float("nan")):
+        with raises(name, f"low_freq_factor must be a positive finite number; got {low:f}"):
+            call(name, q, k, low_freq_factor=low)
+    with raises(name, "high_freq_factor must be a finite number; got inf"):
+        call(name, q, k, high_freq_factor=float("inf"))
+    for old in (0.0, -8192.0, float("nan"), float("inf")):
+        with raises(name, f"old_context_len must be a positive finite number; got {old:f}"):
+            call(name, q, k, old_context_len=old)
+    with raises(name, "q must be a CUDA tensor"):  # valid factors reach the device check
+        call(name, q, k, low_freq_factor=2.0, high_freq_factor=8.0, old_context_len=4096)
 
 
 def test_non_tensor_is_a_type_error():

@@ -529,6 +529,22 @@ def test_chain_speculative_structure(batch, vocab, n, onehot):
     assert torch.equal(out2, out) and torch.equal(acc2, accepted) and torch.equal(emi2, emitted)
 
 
+def test_chain_speculative_counts_of_another_dtype_are_incremented_in_place():
+    """int64 count tensors (counted in an int32 copy) are still incremented in place and returned."""
+    batch, vocab, n = 6, 500, 3
+    draft = torch.softmax(torch.randn(batch, n, vocab, device=CUDA), -1)
+    target = torch.softmax(torch.randn(batch, n + 1, vocab, device=CUDA), -1)
+    ids = torch.randint(vocab, (batch, n), device=CUDA)
+    acc0 = torch.full((batch,), 5, dtype=torch.int64, device=CUDA)
+    emi0 = torch.full((batch,), 2, dtype=torch.int64, device=CUDA)
+    acc, emi = acc0.clone(), emi0.clone()
+    out, acc_r, emi_r = fs.chain_speculative_sampling(draft, ids, target, acc, emi, seed=4, offset=0)
+    assert acc_r is acc and emi_r is emi and acc.dtype == torch.int64
+    _, acc32, emi32 = fs.chain_speculative_sampling(draft, ids, target, seed=4, offset=0)
+    assert torch.equal(acc - acc0, acc32.long()) and torch.equal(emi - emi0, emi32.long())
+    assert bool(((emi - emi0) + 1 == (out != -1).sum(1)).all())
+
+
 def test_chain_speculative_output_is_target_distribution():
     vocab, batch = 8, 1 << 16
     g = torch.Generator().manual_seed(0)

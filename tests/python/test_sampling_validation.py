@@ -270,3 +270,49 @@ def test_short_path_is_skipped_off_device_and_cluster_override_restores():
         with pytest.raises(ValueError, match=ON_CPU):
             fs.top_p_sampling_from_probs(probs(), 0.9)
     assert fs._cluster_mode == -1
+
+
+@pytest.mark.parametrize("name", sorted(ONE_PARAM))
+def test_parameter_types(name):
+    """A required filter parameter given as None, a string, or (top_k) a float is a TypeError
+    naming it, not a silent "no filter" or truncation; NaN top_p / min_p is a ValueError."""
+    fn = ONE_PARAM[name]
+    param = {"top_p_sampling_from_probs": "top_p", "top_k_sampling_from_probs": "top_k",
+             "min_p_sampling_from_probs": "min_p", "top_p_renorm_probs": "top_p", "top_k_renorm_probs": "top_k",
+             "top_k_mask_logits": "top_k"}.get(name) or ("top_k" if "(k)" in name else "top_p")
+    for bad in (None, "5"):
+        with pytest.raises(TypeError, match=param):
+            fn(probs(), bad)
+    if param == "top_k":
+        with pytest.raises(TypeError, match="top_k must be an int"):
+            fn(probs(), 4.9)
+        for ok in (np.int64(5), 2 ** 70, -(2 ** 70)):  # integers of any size: >= V and <= 0 mean no filter
+            with pytest.raises(ValueError, match=ON_CPU):
+                fn(probs(), ok)
+    else:
+        with pytest.raises(ValueError, match=f"{param} must not be NaN"):
+            fn(probs(), float("nan"))
+        with pytest.raises(ValueError, match=ON_CPU):
+            fn(probs(), np.float32(0.5))
+
+
+@pytest.mark.parametrize("name", ["sampling_from_probs", "top_k_sampling_from_probs", "top_p_renorm_probs",
+                                  "top_k_renorm_probs", "top_k_mask_logits", "sampling_from_logits"])
+def test_overlapping_rows_are_named(name):
+    """An expand()ed distribution (row stride < vocab) is refused with its name, not at launch."""
+    p = probs(1).expand(R, V)
+    arg = "logits" if "logits" in name else "probs"
+    with pytest.raises(ValueError, match=re.escape(f"{arg} rows must not overlap: row stride 0 < vocab size {V}")):
+        ALL_PROBS[name](p)
+
+
+def test_top_k_k_is_checked_before_allocating():
+    from flashinfer.topk import top_k
+
+    x = torch.randn(3, 40)
+    with pytest.raises(ValueError, match=re.escape("got 1099511627776")):
+        top_k(x, 2 ** 40)  # (allocating [3, 2**40] first would fail as out of memory)
+    with pytest.raises(ValueError, match=re.escape("got -1")):
+        top_k(x, -1)
+    with pytest.raises(TypeError, match="top_k: k must be an int; got float 2.9"):
+        top_k(x, 2.9)

@@ -84,6 +84,16 @@ def test_input_dtype_must_be_fp16_or_bf16(name, bad):
         call(name, **args)
 
 
+@pytest.mark.parametrize("name", NORMS)
+def test_eps_must_be_finite_and_non_negative(name):
+    """A NaN / inf / negative eps would give NaN (or zero) rows without a word."""
+    for eps, shown in ((float("nan"), "nan"), (float("inf"), "inf"), (-1e-6, "-0.000001")):
+        with raises_value_error(name, f"eps must be a finite number >= 0; got {shown}"):
+            call(name, **valid_args(name), eps=eps)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # 0 is allowed
+        call(name, **valid_args(name), eps=0.0)
+
+
 @pytest.mark.parametrize("name", WEIGHTED)
 @pytest.mark.parametrize("x_dtype, w_dtype", [(F16, BF16), (BF16, F16), (F16, F32)])
 def test_weight_dtype_must_match_input(name, x_dtype, w_dtype):
