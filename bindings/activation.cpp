@@ -34,6 +34,7 @@ void act_and_mul(const char* op, ActKind kind, MutTensor input, MutTensor out, u
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
   c.rows_disjoint(out, "out", out_l, out_rows, hidden);
+  c.out_apart(out, out_l, hidden, input, "input", in_l, two_h, rows, {0, hidden});  // in place: either half
   const int dev = c.cuda_device({{&input, "input"}, {&out, "out"}});
   if (rows == 0 || hidden == 0) return;
   fb::DeviceGuard guard(op, dev);

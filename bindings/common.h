@@ -140,6 +140,27 @@ struct Checker {
     if (flashinfer::rows_intersect(ba, bb, delta, rows, hidden * e))
       fail(std::string(op) + ": " + b_name + " must not overlap " + a_name + " in memory (the kernel writes both)");
   }
+  // An output the kernel writes against an input other rows' threads read: no shared byte,
+  // except when `out` is the input itself (in place: same row layout, `out` starting at one of
+  // `alias_elems` elements into each input row), where each thread reads an element before it
+  // writes it. out_w / in_w: row widths in elements.
+  void out_apart(const MutTensor& out, const flashinfer::RowLayout& lo, int64_t out_w, const MutTensor& in,
+                 const char* in_name, const flashinfer::RowLayout& li, int64_t in_w, int64_t rows,
+                 std::initializer_list<int64_t> alias_elems) const {
+    const int64_t e = static_cast<int64_t>(out.itemsize());
+    const int64_t delta = static_cast<int64_t>(reinterpret_cast<intptr_t>(in.data()) -
+                                               reinterpret_cast<intptr_t>(out.data()));
+    const bool same_rows = rows <= 1 || (lo.inner == li.inner && lo.stride_outer == li.stride_outer &&
+                                         (lo.inner <= 1 || lo.stride_inner == li.stride_inner));
+    for (int64_t a : alias_elems)
+      if (same_rows && delta == -a * e) return;
+    const flashinfer::RowLayout bo{lo.inner, lo.stride_outer * e, lo.stride_inner * e};
+    const flashinfer::RowLayout bi{li.inner, li.stride_outer * e, li.stride_inner * e};
+    if (flashinfer::rows_intersect(bo, bi, delta, rows, out_w * e, in_w * e))
+      fail(std::string(op) + ": out must not overlap " + in_name + " (other than being " + in_name +
+           " itself, in place); out starts " + std::to_string(-delta / e) + " elements from " + in_name +
+           ", with strides " + stride_str(out) + " against " + stride_str(in));
+  }
   // All tensors on one CUDA device; returns its id. Called after the shape/dtype checks so
   // CPU tensors exercise every other validation path.
   int cuda_device(std::initializer_list<std::pair<const MutTensor*, const char*>> ts) const {

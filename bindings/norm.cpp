@@ -43,6 +43,7 @@ void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, d
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
   c.rows_disjoint(out, "out", out_l, out_rows, hidden);
+  c.out_apart(out, out_l, hidden, input, "input", in_l, hidden, rows, {0});
   const int dev = c.cuda_device({{&input, "input"}, {&weight, "weight"}, {&out, "out"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);
@@ -117,6 +118,7 @@ void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, 
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
   c.rows_disjoint(out, "out", out_l, out_rows, hidden);
+  c.out_apart(out, out_l, hidden, input, "input", in_l, hidden, rows, {0});
   const int dev = c.cuda_device({{&input, "input"}, {&gemma, "gemma"}, {&beta, "beta"}, {&out, "out"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);

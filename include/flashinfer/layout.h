@@ -92,34 +92,40 @@ inline bool rows_disjoint(const RowLayout& l, int64_t rows, int64_t hidden) {
   return true;
 }
 
-// True when some row of tensor a and some row of tensor b share a byte: `rows` rows of
-// `row_bytes` each, laid out by a and b (strides in bytes), b's first row `delta` bytes after
-// a's. Exact when both are single-level with equal strides: the case of two 2-D tensors of one
-// shape. Otherwise it is conservative: it compares the byte spans the two tensors cover.
-inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta, int64_t rows,
-                           int64_t row_bytes) {
-  if (rows <= 0 || row_bytes <= 0) return false;
+// True when some row of tensor a (`a_bytes` wide) and some row of tensor b (`b_bytes` wide)
+// share a byte: `rows` rows laid out by a and b (strides in bytes), b's first row `delta` bytes
+// after a's. Exact when both are single-level with equal strides: the case of two 2-D tensors
+// with one row stride (e.g. an activation's input and an out carved from the same buffer).
+// Otherwise it is conservative: it compares the byte spans the two tensors cover.
+inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta, int64_t rows, int64_t a_bytes,
+                           int64_t b_bytes) {
+  if (rows <= 0 || a_bytes <= 0 || b_bytes <= 0) return false;
   const int64_t n_in_a = a.inner > 1 ? a.inner : 1, n_in_b = b.inner > 1 ? b.inner : 1;
   if (n_in_a == 1 && n_in_b == 1 && a.stride_outer == b.stride_outer) {
     const int64_t s = detail::mag(a.stride_outer);
-    if (rows == 1 || s == 0) return detail::mag(delta) < row_bytes;
-    // offsets differ by delta + k * s, k in [-(rows - 1), rows - 1]
-    const int64_t q = detail::floor_div(-delta, s);
-    const int64_t ks[2] = {detail::clamp64(q, -(rows - 1), rows - 1), detail::clamp64(q + 1, -(rows - 1), rows - 1)};
-    for (int64_t k : ks)
-      if (detail::mag(delta + k * s) < row_bytes) return true;
-    return false;
+    if (rows == 1 || s == 0) return -b_bytes < delta && delta < a_bytes;
+    // b's row j starts delta + k * s after a's row i (k = j - i in [-(rows - 1), rows - 1]; a
+    // negative stride only swaps the sign of k); they share a byte iff -b_bytes < that < a_bytes
+    const int64_t k_lo = detail::floor_div(-b_bytes - delta, s) + 1;
+    const int64_t k_hi = detail::floor_div(a_bytes - delta - 1, s);
+    return (k_lo > -(rows - 1) ? k_lo : -(rows - 1)) <= (k_hi < rows - 1 ? k_hi : rows - 1);
   }
-  auto span = [&](const RowLayout& l, int64_t n_in, int64_t base, int64_t* lo, int64_t* hi) {
+  auto span = [&](const RowLayout& l, int64_t n_in, int64_t base, int64_t width, int64_t* lo, int64_t* hi) {
     const int64_t n_out = rows / n_in;
     const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
     *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
-    *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + row_bytes;
+    *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + width;
   };
   int64_t alo, ahi, blo, bhi;
-  span(a, n_in_a, 0, &alo, &ahi);
-  span(b, n_in_b, delta, &blo, &bhi);
+  span(a, n_in_a, 0, a_bytes, &alo, &ahi);
+  span(b, n_in_b, delta, b_bytes, &blo, &bhi);
   return alo < bhi && blo < ahi;
+}
+
+// The same for rows of one width (two tensors of one shape).
+inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta, int64_t rows,
+                           int64_t row_bytes) {
+  return rows_intersect(a, b, delta, rows, row_bytes, row_bytes);
 }
 
 }  // namespace flashinfer

@@ -386,6 +386,40 @@ def test_writes_that_do_not_overlap_pass_validation(case):
         fn()
 
 
+@pytest.mark.parametrize("name", RMS + ("layernorm",))
+def test_out_partly_overlapping_input_is_rejected(name):
+    """out = input (in place) is fine: each thread reads an element before writing it. An out
+    shifted against input by less than a row races with the rows other blocks read."""
+    buf = torch.randn(5, 64, dtype=F16)
+    args = valid_args(name)
+    args["input"] = buf[1:]
+    out = buf[:-1]  # row r of out is row r - 1 of input
+    if name == "layernorm":
+        dl = torch.utils.dlpack.to_dlpack
+        fn = lambda o: _norm.layernorm(dl(args["input"]), dl(args["gemma"]), dl(args["beta"]), dl(o), 1e-6, 0)  # noqa: E731
+    else:
+        fn = lambda o: call(name, out=o, **args)  # noqa: E731
+    with raises_value_error(name, "out must not overlap input (other than being input itself, in place); out "
+                                  "starts -64 elements from input, with strides (64, 1) against (64, 1)"):
+        fn(out)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # in place
+        fn(args["input"])
+
+
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_out_may_be_either_half_of_input_but_nothing_else(name):
+    x = torch.randn(4, 128, dtype=F16)
+    for ok in (x[:, :64], x[:, 64:]):  # in place, over x or over y
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            call(name, input=x, out=ok)
+    packed = torch.randn(4, 192, dtype=F16)  # rows [x | y | out]: shares the buffer, not elements
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call(name, input=packed[:, :128], out=packed[:, 128:])
+    for bad in (x[:, 32:96], x[1:, :64]):  # straddles x and y; a row off
+        with pytest.raises(ValueError, match="out must not overlap input"):
+            call(name, input=x[:bad.shape[0]] if bad.shape[0] < 4 else x, out=bad)
+
+
 # --- the raw binding with DLPack capsules that claim CUDA memory ------------------------------
 
 FakeCudaTensor = FakeTensor  # float16 by default

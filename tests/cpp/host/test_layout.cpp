@@ -123,6 +123,27 @@ int main() {
       CHECK(false);
     }
   }
+  // rows of two widths (an activation's out against its input): exact with one stride
+  for (int it = 0; it < 20000; ++it) {
+    const int64_t wa = 1 + int64_t(rng() % 8), wb = 1 + int64_t(rng() % 8), rows = 1 + int64_t(rng() % 6);
+    const int64_t s = int64_t(rng() % 20) * (rng() % 4 == 0 ? -1 : 1);
+    const RowLayout a{1, s, 0}, b{1, s, 0};
+    const int64_t delta = int64_t(rng() % 81) - 40;
+    bool brute = false;
+    for (int64_t i = 0; i < rows && !brute; ++i)
+      for (int64_t j = 0; j < rows && !brute; ++j) {
+        const int64_t oa = a.offset(i), ob = delta + b.offset(j);
+        brute = oa < ob + wb && ob < oa + wa;
+      }
+    if (rows_intersect(a, b, delta, rows, wa, wb) != brute) {
+      std::printf("rows_intersect(stride %lld, delta %lld, rows %lld, widths %lld / %lld) = %d, brute %d\n",
+                  (long long)s, (long long)delta, (long long)rows, (long long)wa, (long long)wb, int(!brute),
+                  int(brute));
+      CHECK(false);
+    }
+  }
+  CHECK(!rows_intersect(RowLayout{1, 384, 0}, RowLayout{1, 384, 0}, 256, 4, 256, 128));  // [x | y | out] rows
+  CHECK(rows_intersect(RowLayout{1, 384, 0}, RowLayout{1, 384, 0}, 128, 4, 256, 128));   // out over y
   CHECK(rows_intersect(RowLayout{1, 128, 0}, RowLayout{1, 128, 0}, 0, 4, 128));    // the same tensor
   CHECK(!rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 128, 4, 128));  // two column halves
   CHECK(rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 64, 4, 128));    // shifted by half a row
