@@ -132,6 +132,21 @@ void written_rows_disjoint(const fb::Checker& c, const MutTensor& t, const char*
   c.rows_disjoint(t, name, flashinfer::RowLayout{h.heads, h.stride_n, h.stride_h}, h.nnz * h.heads, h.dim);
 }
 
+// In place, q and k are both rotated: they must not share memory (exact for views of one fused
+// QKV buffer, whose heads lie back to back; see layout.h tensors_intersect).
+void written_apart(const fb::Checker& c, const MutTensor& q, const char* qn, const Heads& qh, const MutTensor& k,
+                   const char* kn, const Heads& kh) {
+  const int64_t e = static_cast<int64_t>(q.itemsize());
+  const int64_t delta =
+      static_cast<int64_t>(reinterpret_cast<intptr_t>(k.data()) - reinterpret_cast<intptr_t>(q.data()));
+  if (flashinfer::tensors_intersect({qh.heads, qh.stride_n * e, qh.stride_h * e}, qh.nnz * qh.heads, qh.dim * e,
+                                    {kh.heads, kh.stride_n * e, kh.stride_h * e}, kh.nnz * kh.heads, kh.dim * e,
+                                    delta))
+    fb::fail(std::string(c.op) + ": " + kn + " must not overlap " + qn +
+             " in memory (both are rotated in place); got " + qn + " strides " + fb::stride_str(q) + ", " + kn +
+             " strides " + fb::stride_str(k) + ", " + kn + " starting " + str(delta / e) + " elements after " + qn);
+}
+
 // Overlap checks of the written tensors, device check, launch, and (with an error record) the
 // read-back that turns a recorded bad index into a ValueError.
 void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, uintptr_t stream_id,
@@ -143,6 +158,7 @@ void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, u
   } else {
     written_rows_disjoint(c, *a.q, a.cache ? "query" : "q", a.qh);
     written_rows_disjoint(c, *a.k, a.cache ? "key" : "k", a.kh);
+    written_apart(c, *a.q, a.cache ? "query" : "q", a.qh, *a.k, a.cache ? "key" : "k", a.kh);
   }
   const fb::IndexCheck check(c, err);
   int dev;

@@ -128,4 +128,33 @@ inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta
   return rows_intersect(a, b, delta, rows, row_bytes, row_bytes);
 }
 
+// True when tensor a (a_rows rows of a_bytes, laid out by la) and tensor b (b_rows rows of
+// b_bytes by lb, its first row `delta` bytes after a's) share a byte. A level whose rows lie
+// back to back (stride_inner == row bytes: one token's heads) merges into one wider row, so two
+// views of one packed buffer (q and k of a fused QKV projection) with one token stride are
+// compared exactly; other layouts are compared by their byte spans (conservative).
+inline bool tensors_intersect(const RowLayout& la, int64_t a_rows, int64_t a_bytes, const RowLayout& lb,
+                              int64_t b_rows, int64_t b_bytes, int64_t delta) {
+  if (a_rows <= 0 || b_rows <= 0 || a_bytes <= 0 || b_bytes <= 0) return false;
+  auto merge = [](const RowLayout& l, int64_t* rows, int64_t* bytes) {
+    if (l.inner <= 1 || l.stride_inner != *bytes) return l;
+    *rows /= l.inner;
+    *bytes *= l.inner;
+    return RowLayout{1, l.stride_outer, 0};
+  };
+  const RowLayout ma = merge(la, &a_rows, &a_bytes), mb = merge(lb, &b_rows, &b_bytes);
+  if (ma.inner <= 1 && mb.inner <= 1 && a_rows == b_rows && ma.stride_outer == mb.stride_outer)
+    return rows_intersect(ma, mb, delta, a_rows, a_bytes, b_bytes);
+  auto span = [](const RowLayout& l, int64_t rows, int64_t width, int64_t base, int64_t* lo, int64_t* hi) {
+    const int64_t n_in = l.inner > 1 ? l.inner : 1, n_out = rows / n_in;
+    const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
+    *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
+    *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + width;
+  };
+  int64_t alo, ahi, blo, bhi;
+  span(ma, a_rows, a_bytes, 0, &alo, &ahi);
+  span(mb, b_rows, b_bytes, delta, &blo, &bhi);
+  return alo < bhi && blo < ahi;
+}
+
 }  // namespace flashinfer

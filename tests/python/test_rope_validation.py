@@ -122,6 +122,26 @@ def test_fused_qkv_views_pass_the_overlap_checks():
                                                          torch.randn(16, 64))
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if n.endswith("_inplace")])
+def test_in_place_q_and_k_must_not_share_memory(name):
+    """Both are rotated in place: k aliasing q (or a head of it) would be rotated twice, racing."""
+    q, _ = qk()
+    qkv = torch.randn(6, 8 * 64, dtype=F16)
+    fused_q = qkv[:, :256].view(6, 4, 64)
+    shifted_k = qkv[:, 192:320].view(6, 2, 64)  # its first head is q's last
+    for qq, k in ((q, q), (q, q[:, :1]), (fused_q, shifted_k)):
+        with raises(name, "k must not overlap q in memory (both are rotated in place)") as info:
+            call(name, qq, k)
+        assert "strides" in str(info.value)
+
+
+def test_in_place_query_and_key_must_not_share_memory():
+    qkv = torch.randn(6, 8 * 64, dtype=F16)
+    with raises("apply_rope_with_cos_sin_cache_inplace", "key must not overlap query in memory"):
+        flashinfer.apply_rope_with_cos_sin_cache_inplace(torch.arange(6), qkv[:, :256], qkv[:, 128:256], 64,
+                                                         torch.randn(16, 64))
+
+
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("rotary_dim", (63, 66, 0, -2, 1))
 def test_rotary_dim_must_be_even_and_at_most_head_dim(name, rotary_dim):

@@ -12,6 +12,7 @@ using flashinfer::fold_rows;
 using flashinfer::RowLayout;
 using flashinfer::rows_disjoint;
 using flashinfer::rows_intersect;
+using flashinfer::tensors_intersect;
 
 // Brute force: do two of the rows (each [off, off + h)) share an element?
 static bool overlap_brute(const std::vector<int64_t>& offs_a, const std::vector<int64_t>& offs_b, int64_t h,
@@ -144,6 +145,35 @@ int main() {
   }
   CHECK(!rows_intersect(RowLayout{1, 384, 0}, RowLayout{1, 384, 0}, 256, 4, 256, 128));  // [x | y | out] rows
   CHECK(rows_intersect(RowLayout{1, 384, 0}, RowLayout{1, 384, 0}, 128, 4, 256, 128));   // out over y
+  // tensors_intersect ([tokens, heads] rows of two tensors): never misses an overlap; exact for
+  // two views of one packed buffer (heads back to back, one token stride)
+  for (int it = 0; it < 20000; ++it) {
+    const int64_t w = 1 + int64_t(rng() % 4), tokens = 1 + int64_t(rng() % 5);
+    const int64_t ha = 1 + int64_t(rng() % 3), hb = 1 + int64_t(rng() % 3);
+    const bool packed = rng() % 2 == 0;
+    const int64_t sn = packed ? int64_t(rng() % 24) : int64_t(rng() % 24) - 4;
+    const RowLayout a{ha, sn, packed ? w : int64_t(rng() % 9)};
+    const RowLayout b{hb, packed ? sn : int64_t(rng() % 24), packed ? w : int64_t(rng() % 9)};
+    const int64_t delta = int64_t(rng() % 61) - 30;
+    bool brute = false;
+    for (int64_t i = 0; i < tokens * ha && !brute; ++i)
+      for (int64_t j = 0; j < tokens * hb && !brute; ++j) {
+        const int64_t oa = a.offset(i), ob = delta + b.offset(j);
+        brute = oa < ob + w && ob < oa + w;
+      }
+    const bool got = tensors_intersect(a, tokens * ha, w, b, tokens * hb, w, delta);
+    if (packed ? got != brute : (brute && !got)) {
+      std::printf("tensors_intersect(packed %d, sn %lld, heads %lld / %lld, delta %lld, tokens %lld, w %lld) = %d, "
+                  "brute %d\n", int(packed), (long long)sn, (long long)ha, (long long)hb, (long long)delta,
+                  (long long)tokens, (long long)w, int(got), int(brute));
+      CHECK(false);
+    }
+  }
+  // q [N, 32, 128] and k [N, 8, 128] of one fused [N, 48 * 128] row: disjoint; k shifted into q: not
+  CHECK(!tensors_intersect(RowLayout{32, 48 * 128, 128}, 7 * 32, 128, RowLayout{8, 48 * 128, 128}, 7 * 8, 128,
+                           32 * 128));
+  CHECK(tensors_intersect(RowLayout{32, 48 * 128, 128}, 7 * 32, 128, RowLayout{8, 48 * 128, 128}, 7 * 8, 128,
+                          31 * 128));
   CHECK(rows_intersect(RowLayout{1, 128, 0}, RowLayout{1, 128, 0}, 0, 4, 128));    // the same tensor
   CHECK(!rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 128, 4, 128));  // two column halves
   CHECK(rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 64, 4, 128));    // shifted by half a row
