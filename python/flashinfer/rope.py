@@ -16,8 +16,9 @@ of segment ``b`` has position ``offsets[b] + t - indptr[b]``. Index tensors are 
 
 Bad indices: a token outside every ``indptr`` segment, or (cos/sin-cache form) a position
 outside ``[0, cos_sin_cache.shape[0])``, is skipped on the device (nothing is read or written
-for it). Set ``FLASHINFER_CHECK_INDICES=1`` to have the call raise ``ValueError`` naming it
-instead (this synchronizes the host; see ``flashinfer._index_check``).
+for it): in place its rows keep their values; out of place its rows of the returned tensors are
+left unwritten (uninitialized memory). Set ``FLASHINFER_CHECK_INDICES=1`` to have the call raise
+``ValueError`` naming it instead (this synchronizes the host; see ``flashinfer._index_check``).
 """
 
 from __future__ import annotations
