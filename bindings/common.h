@@ -150,13 +150,16 @@ struct Checker {
     const int64_t e = static_cast<int64_t>(out.itemsize());
     const int64_t delta = static_cast<int64_t>(reinterpret_cast<intptr_t>(in.data()) -
                                                reinterpret_cast<intptr_t>(out.data()));
+    // (in place also needs the input's own rows apart: a thread's write must not land in a row
+    // another thread reads)
     const bool same_rows = rows <= 1 || (lo.inner == li.inner && lo.stride_outer == li.stride_outer &&
-                                         (lo.inner <= 1 || lo.stride_inner == li.stride_inner));
+                                         (lo.inner <= 1 || lo.stride_inner == li.stride_inner) &&
+                                         flashinfer::rows_disjoint(li, rows, in_w));
     for (int64_t a : alias_elems)
       if (same_rows && delta == -a * e) return;
     const flashinfer::RowLayout bo{lo.inner, lo.stride_outer * e, lo.stride_inner * e};
     const flashinfer::RowLayout bi{li.inner, li.stride_outer * e, li.stride_inner * e};
-    if (flashinfer::rows_intersect(bo, bi, delta, rows, out_w * e, in_w * e))
+    if (flashinfer::tensors_intersect(bo, rows, out_w * e, bi, rows, in_w * e, delta))
       fail(std::string(op) + ": out must not overlap " + in_name + " (other than being " + in_name +
            " itself, in place); out starts " + std::to_string(-delta / e) + " elements from " + in_name +
            ", with strides " + stride_str(out) + " against " + stride_str(in));

@@ -130,9 +130,12 @@ inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta
 
 // True when tensor a (a_rows rows of a_bytes, laid out by la) and tensor b (b_rows rows of
 // b_bytes by lb, its first row `delta` bytes after a's) share a byte. A level whose rows lie
-// back to back (stride_inner == row bytes: one token's heads) merges into one wider row, so two
-// views of one packed buffer (q and k of a fused QKV projection) with one token stride are
-// compared exactly; other layouts are compared by their byte spans (conservative).
+// back to back (stride_inner == row bytes: one token's heads) merges into one wider row. Exact
+// when both have the same number of outer rows (tokens) at one outer stride: every pair of
+// inner rows (heads) is tested for a token shift that makes them meet (O(1) each, up to
+// kExactHeadPairs pairs), which covers views of one fused QKV buffer, packed ([N, (Hq + 2 Hk) d])
+// or per head ([N, H, 3 d]). Otherwise the byte spans are compared (conservative).
+constexpr int64_t kExactHeadPairs = int64_t{1} << 14;
 inline bool tensors_intersect(const RowLayout& la, int64_t a_rows, int64_t a_bytes, const RowLayout& lb,
                               int64_t b_rows, int64_t b_bytes, int64_t delta) {
   if (a_rows <= 0 || b_rows <= 0 || a_bytes <= 0 || b_bytes <= 0) return false;
@@ -143,18 +146,35 @@ inline bool tensors_intersect(const RowLayout& la, int64_t a_rows, int64_t a_byt
     return RowLayout{1, l.stride_outer, 0};
   };
   const RowLayout ma = merge(la, &a_rows, &a_bytes), mb = merge(lb, &b_rows, &b_bytes);
-  if (ma.inner <= 1 && mb.inner <= 1 && a_rows == b_rows && ma.stride_outer == mb.stride_outer)
-    return rows_intersect(ma, mb, delta, a_rows, a_bytes, b_bytes);
-  auto span = [](const RowLayout& l, int64_t rows, int64_t width, int64_t base, int64_t* lo, int64_t* hi) {
-    const int64_t n_in = l.inner > 1 ? l.inner : 1, n_out = rows / n_in;
+  const int64_t na = ma.inner > 1 ? ma.inner : 1, nb = mb.inner > 1 ? mb.inner : 1;
+  auto span = [](const RowLayout& l, int64_t n_in, int64_t rows, int64_t width, int64_t base, int64_t* lo,
+                 int64_t* hi) {
+    const int64_t n_out = rows / n_in;
     const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
     *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
     *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + width;
   };
   int64_t alo, ahi, blo, bhi;
-  span(ma, a_rows, a_bytes, 0, &alo, &ahi);
-  span(mb, b_rows, b_bytes, delta, &blo, &bhi);
-  return alo < bhi && blo < ahi;
+  span(ma, na, a_rows, a_bytes, 0, &alo, &ahi);
+  span(mb, nb, b_rows, b_bytes, delta, &blo, &bhi);
+  if (!(alo < bhi && blo < ahi)) return false;  // apart: the usual answer, in O(1)
+  const int64_t n = a_rows / na;
+  if (n != b_rows / nb || (n > 1 && ma.stride_outer != mb.stride_outer) || na * nb > kExactHeadPairs)
+    return true;  // no exact test for these layouts: the spans meet
+  // b's row (t', j) starts c + k * s after a's row (t, i), c = delta + j * b.inner_stride -
+  // i * a.inner_stride, k = t' - t in [-(n - 1), n - 1] (a negative s only swaps k's sign)
+  const int64_t s = n > 1 ? detail::mag(ma.stride_outer) : 0;
+  for (int64_t i = 0; i < na; ++i)
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t c = delta + j * (nb > 1 ? mb.stride_inner : 0) - i * (na > 1 ? ma.stride_inner : 0);
+      if (s == 0) {
+        if (-b_bytes < c && c < a_bytes) return true;
+        continue;
+      }
+      const int64_t k_lo = detail::floor_div(-b_bytes - c, s) + 1, k_hi = detail::floor_div(a_bytes - c - 1, s);
+      if ((k_lo > -(n - 1) ? k_lo : -(n - 1)) <= (k_hi < n - 1 ? k_hi : n - 1)) return true;
+    }
+  return false;
 }
 
 }  // namespace flashinfer

@@ -100,6 +100,16 @@ def _rows(x: Any) -> int:
 _UNUSED = object()
 
 
+def _integer(x: Any, name: str) -> int:
+    """An integer parameter: an int (numpy's too) or a float with an integral value (5.0)."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        if isinstance(x, numbers.Real) and float(x).is_integer():
+            return int(x)
+        raise TypeError(f"{name} must be an int or a per-row int tensor; got {type(x).__name__} {x!r}") from None
+
+
 def _param(fw: Any, x: Any, dtype: str, name: str) -> Tuple[Any, Any]:
     """A per-row parameter as (tensor capsule or None, scalar); tensors cast to ``dtype``
     (the binding checks their shape with FlashInfer's messages). Scalars: an integer for
@@ -109,10 +119,7 @@ def _param(fw: Any, x: Any, dtype: str, name: str) -> Tuple[Any, Any]:
     if _is_tensor(x):
         return to_dlpack(_cast(fw, x, dtype), name), 0
     if dtype == "int32":
-        try:
-            return None, max(-1, min(operator.index(x), 0x7fffffff))  # (<= 0 and >= V: no filter)
-        except TypeError:
-            raise TypeError(f"{name} must be an int or a per-row int tensor; got {type(x).__name__} {x!r}") from None
+        return None, max(-1, min(_integer(x, name), 0x7fffffff))  # (<= 0 and >= V: no filter)
     if not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a float or a per-row float tensor; got {type(x).__name__} {x!r}")
     v = float(x)
@@ -246,6 +253,8 @@ def _fast(op: str, probs: Any, filters: int, draws: int, top_k: Any, top_p: Any,
         if type(top_k) is not t.tensor or top_k.dtype is not t.int32:
             return None
         ka, top_k = dl(top_k), 0
+    elif not -0x80000000 <= top_k <= 0x7fffffff:  # (the general path clamps it)
+        return None
     if type(top_p) is not float:
         pa, top_p = _fast_prob(t, top_p)
         if top_p is None:

@@ -4,6 +4,7 @@ and their indices, without sorting the row (exact threshold search, then one com
 from __future__ import annotations
 
 import enum
+import numbers
 import operator
 from typing import Any, Tuple
 
@@ -36,7 +37,9 @@ def top_k(input: Any, k: int, sorted: bool = False, deterministic: bool = False,
     try:
         k = operator.index(k)
     except TypeError:
-        raise TypeError(f"top_k: k must be an int; got {type(k).__name__} {k!r}") from None
+        if not (isinstance(k, numbers.Real) and float(k).is_integer()):
+            raise TypeError(f"top_k: k must be an int; got {type(k).__name__} {k!r}") from None
+        k = int(k)
     if not 1 <= k <= shape[1]:  # (before the [B, k] outputs are allocated)
         raise ValueError(f"top_k: k must be in [1, input.shape[1]] = [1, {shape[1]}]; got {k}")
     values = fw.empty((shape[0], k), input)

@@ -135,6 +135,16 @@ def test_in_place_q_and_k_must_not_share_memory(name):
         assert "strides" in str(info.value)
 
 
+def test_per_head_interleaved_qkv_views_pass_the_overlap_check():
+    """A [N, H, 3d] buffer (each head's q, k, v side by side, as GPT-NeoX lays it out): q and k
+    interleave token by token and head by head without sharing an element."""
+    qkv = torch.randn(6, 4, 3 * 64, dtype=F16)
+    with raises("apply_rope_pos_ids_inplace", "q must be a CUDA tensor"):
+        call("apply_rope_pos_ids_inplace", qkv[..., :64], qkv[..., 64:128])
+    with raises("apply_rope_pos_ids_inplace", "k must not overlap q in memory"):  # k one feature into q
+        call("apply_rope_pos_ids_inplace", qkv[..., :64], qkv[..., 63:127])
+
+
 def test_in_place_query_and_key_must_not_share_memory():
     qkv = torch.randn(6, 8 * 64, dtype=F16)
     with raises("apply_rope_with_cos_sin_cache_inplace", "key must not overlap query in memory"):

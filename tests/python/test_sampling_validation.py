@@ -286,7 +286,7 @@ def test_parameter_types(name):
     if param == "top_k":
         with pytest.raises(TypeError, match="top_k must be an int"):
             fn(probs(), 4.9)
-        for ok in (np.int64(5), 2 ** 70, -(2 ** 70)):  # integers of any size: >= V and <= 0 mean no filter
+        for ok in (np.int64(5), 5.0, 2 ** 70, -(2 ** 70)):  # integral values of any size (>= V, <= 0: no filter)
             with pytest.raises(ValueError, match=ON_CPU):
                 fn(probs(), ok)
     else:
@@ -316,3 +316,5 @@ def test_top_k_k_is_checked_before_allocating():
         top_k(x, -1)
     with pytest.raises(TypeError, match="top_k: k must be an int; got float 2.9"):
         top_k(x, 2.9)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # an integral float is an int
+        top_k(x, 5.0)

@@ -406,6 +406,29 @@ def test_out_partly_overlapping_input_is_rejected(name):
         fn(args["input"])
 
 
+def test_norm_out_on_another_head_slice_of_the_input_buffer_passes():
+    """QK-norm of q written into the k slot of the same fused [N, heads, d] buffer: the two views
+    share the buffer, not an element (exact two-level test, not a byte-span comparison)."""
+    qkv = torch.randn(5, 12, 64, dtype=F16)
+    q, k = qkv[:, :4], qkv[:, 4:8]
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call("rmsnorm", input=q, weight=torch.randn(64, dtype=F16), out=k)
+    with raises_value_error("rmsnorm", "out must not overlap input (other than being input itself, in place); out "
+                                       "starts 64 elements from input, with strides (768, 64, 1) against "
+                                       "(768, 64, 1)"):
+        call("rmsnorm", input=q, weight=torch.randn(64, dtype=F16), out=qkv[:, 1:5])
+
+
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_in_place_needs_input_rows_apart(name):
+    """In place is only safe when the input's own rows (2 * hidden wide) do not overlap: else a
+    thread writes into a row another thread reads."""
+    x = torch.randn(8 * 96, dtype=F16).as_strided((4, 128), (96, 1))  # rows 96 apart, 128 wide
+    for out in (x[:, :64], x[:, 64:]):
+        with pytest.raises(ValueError, match="out must not overlap input"):
+            call(name, input=x, out=out)
+
+
 @pytest.mark.parametrize("name", ACTS)
 def test_activation_out_may_be_either_half_of_input_but_nothing_else(name):
     x = torch.randn(4, 128, dtype=F16)

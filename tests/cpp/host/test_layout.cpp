@@ -145,30 +145,34 @@ int main() {
   }
   CHECK(!rows_intersect(RowLayout{1, 384, 0}, RowLayout{1, 384, 0}, 256, 4, 256, 128));  // [x | y | out] rows
   CHECK(rows_intersect(RowLayout{1, 384, 0}, RowLayout{1, 384, 0}, 128, 4, 256, 128));   // out over y
-  // tensors_intersect ([tokens, heads] rows of two tensors): never misses an overlap; exact for
-  // two views of one packed buffer (heads back to back, one token stride)
-  for (int it = 0; it < 20000; ++it) {
-    const int64_t w = 1 + int64_t(rng() % 4), tokens = 1 + int64_t(rng() % 5);
+  // tensors_intersect ([tokens, heads] rows of two tensors): exact at one token stride (packed or
+  // per-head views of one buffer, negative strides too); never misses an overlap otherwise
+  for (int it = 0; it < 40000; ++it) {
+    const int64_t wa = 1 + int64_t(rng() % 4), wb = 1 + int64_t(rng() % 4), tokens = 1 + int64_t(rng() % 5);
     const int64_t ha = 1 + int64_t(rng() % 3), hb = 1 + int64_t(rng() % 3);
-    const bool packed = rng() % 2 == 0;
-    const int64_t sn = packed ? int64_t(rng() % 24) : int64_t(rng() % 24) - 4;
-    const RowLayout a{ha, sn, packed ? w : int64_t(rng() % 9)};
-    const RowLayout b{hb, packed ? sn : int64_t(rng() % 24), packed ? w : int64_t(rng() % 9)};
+    const int kind = int(rng() % 3);  // 0: packed heads, 1: any heads at one token stride, 2: anything
+    const int64_t sn = int64_t(rng() % 30) - (kind == 0 ? 0 : 8);
+    const RowLayout a{ha, sn, kind == 0 ? wa : int64_t(rng() % 13) - 3};
+    const RowLayout b{hb, kind == 2 ? int64_t(rng() % 30) - 8 : sn, kind == 0 ? wb : int64_t(rng() % 13) - 3};
     const int64_t delta = int64_t(rng() % 61) - 30;
     bool brute = false;
     for (int64_t i = 0; i < tokens * ha && !brute; ++i)
       for (int64_t j = 0; j < tokens * hb && !brute; ++j) {
         const int64_t oa = a.offset(i), ob = delta + b.offset(j);
-        brute = oa < ob + w && ob < oa + w;
+        brute = oa < ob + wb && ob < oa + wa;
       }
-    const bool got = tensors_intersect(a, tokens * ha, w, b, tokens * hb, w, delta);
-    if (packed ? got != brute : (brute && !got)) {
-      std::printf("tensors_intersect(packed %d, sn %lld, heads %lld / %lld, delta %lld, tokens %lld, w %lld) = %d, "
-                  "brute %d\n", int(packed), (long long)sn, (long long)ha, (long long)hb, (long long)delta,
-                  (long long)tokens, (long long)w, int(got), int(brute));
+    const bool got = tensors_intersect(a, tokens * ha, wa, b, tokens * hb, wb, delta);
+    if (kind < 2 ? got != brute : (brute && !got)) {
+      std::printf("tensors_intersect(kind %d, sn %lld / %lld, heads %lld / %lld, inner strides %lld / %lld, delta "
+                  "%lld, tokens %lld, w %lld / %lld) = %d, brute %d\n",
+                  kind, (long long)a.stride_outer, (long long)b.stride_outer, (long long)ha, (long long)hb,
+                  (long long)a.stride_inner, (long long)b.stride_inner, (long long)delta, (long long)tokens,
+                  (long long)wa, (long long)wb, int(got), int(brute));
       CHECK(false);
     }
   }
+  // q [N, 16, 64] and k [N, 16, 64] of one per-head [N, 16, 3 * 64] buffer: disjoint
+  CHECK(!tensors_intersect(RowLayout{16, 16 * 192, 192}, 5 * 16, 64, RowLayout{16, 16 * 192, 192}, 5 * 16, 64, 64));
   // q [N, 32, 128] and k [N, 8, 128] of one fused [N, 48 * 128] row: disjoint; k shifted into q: not
   CHECK(!tensors_intersect(RowLayout{32, 48 * 128, 128}, 7 * 32, 128, RowLayout{8, 48 * 128, 128}, 7 * 8, 128,
                            32 * 128));
