@@ -72,6 +72,15 @@ inline std::string stride_str(const MutTensor& t) {
 
 [[noreturn]] inline void fail(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
+// For the overlap checks (layout.h works in bytes): a row layout in elements of `e` bytes as
+// bytes, and how many bytes after a's data b's starts.
+inline flashinfer::RowLayout in_bytes(const flashinfer::RowLayout& l, int64_t e) {
+  return {l.inner, l.stride_outer * e, l.stride_inner * e};
+}
+inline int64_t byte_delta(const MutTensor& a, const MutTensor& b) {
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(b.data()) - reinterpret_cast<intptr_t>(a.data()));
+}
+
 // `op: name ...` prefix for every message.
 struct Checker {
   const char* op;
@@ -134,10 +143,7 @@ struct Checker {
   void no_overlap(const MutTensor& a, const char* a_name, const flashinfer::RowLayout& la, const MutTensor& b,
                   const char* b_name, const flashinfer::RowLayout& lb, int64_t rows, int64_t hidden) const {
     const int64_t e = static_cast<int64_t>(a.itemsize());
-    const flashinfer::RowLayout ba{la.inner, la.stride_outer * e, la.stride_inner * e};
-    const flashinfer::RowLayout bb{lb.inner, lb.stride_outer * e, lb.stride_inner * e};
-    const int64_t delta = static_cast<int64_t>(reinterpret_cast<intptr_t>(b.data()) - reinterpret_cast<intptr_t>(a.data()));
-    if (flashinfer::rows_intersect(ba, bb, delta, rows, hidden * e))
+    if (flashinfer::rows_intersect(in_bytes(la, e), in_bytes(lb, e), byte_delta(a, b), rows, hidden * e))
       fail(std::string(op) + ": " + b_name + " must not overlap " + a_name + " in memory (the kernel writes both)");
   }
   // An output the kernel writes against an input other rows' threads read: no shared byte,
@@ -148,8 +154,7 @@ struct Checker {
                  const char* in_name, const flashinfer::RowLayout& li, int64_t in_w, int64_t rows,
                  std::initializer_list<int64_t> alias_elems) const {
     const int64_t e = static_cast<int64_t>(out.itemsize());
-    const int64_t delta = static_cast<int64_t>(reinterpret_cast<intptr_t>(in.data()) -
-                                               reinterpret_cast<intptr_t>(out.data()));
+    const int64_t delta = byte_delta(out, in);
     // (in place also needs the input's own rows apart: a thread's write must not land in a row
     // another thread reads)
     const bool same_rows = rows <= 1 || (lo.inner == li.inner && lo.stride_outer == li.stride_outer &&
@@ -157,9 +162,7 @@ struct Checker {
                                          flashinfer::rows_disjoint(li, rows, in_w));
     for (int64_t a : alias_elems)
       if (same_rows && delta == -a * e) return;
-    const flashinfer::RowLayout bo{lo.inner, lo.stride_outer * e, lo.stride_inner * e};
-    const flashinfer::RowLayout bi{li.inner, li.stride_outer * e, li.stride_inner * e};
-    if (flashinfer::tensors_intersect(bo, rows, out_w * e, bi, rows, in_w * e, delta))
+    if (flashinfer::tensors_intersect(in_bytes(lo, e), rows, out_w * e, in_bytes(li, e), rows, in_w * e, delta))
       fail(std::string(op) + ": out must not overlap " + in_name + " (other than being " + in_name +
            " itself, in place); out starts " + std::to_string(-delta / e) + " elements from " + in_name +
            ", with strides " + stride_str(out) + " against " + stride_str(in));

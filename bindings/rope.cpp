@@ -136,12 +136,10 @@ void written_rows_disjoint(const fb::Checker& c, const MutTensor& t, const char*
 // QKV buffer, whose heads lie back to back; see layout.h tensors_intersect).
 void written_apart(const fb::Checker& c, const MutTensor& q, const char* qn, const Heads& qh, const MutTensor& k,
                    const char* kn, const Heads& kh) {
-  const int64_t e = static_cast<int64_t>(q.itemsize());
-  const int64_t delta =
-      static_cast<int64_t>(reinterpret_cast<intptr_t>(k.data()) - reinterpret_cast<intptr_t>(q.data()));
-  if (flashinfer::tensors_intersect({qh.heads, qh.stride_n * e, qh.stride_h * e}, qh.nnz * qh.heads, qh.dim * e,
-                                    {kh.heads, kh.stride_n * e, kh.stride_h * e}, kh.nnz * kh.heads, kh.dim * e,
-                                    delta))
+  const int64_t e = static_cast<int64_t>(q.itemsize()), delta = fb::byte_delta(q, k);
+  if (flashinfer::tensors_intersect(fb::in_bytes({qh.heads, qh.stride_n, qh.stride_h}, e), qh.nnz * qh.heads,
+                                    qh.dim * e, fb::in_bytes({kh.heads, kh.stride_n, kh.stride_h}, e),
+                                    kh.nnz * kh.heads, kh.dim * e, delta))
     fb::fail(std::string(c.op) + ": " + kn + " must not overlap " + qn +
              " in memory (both are rotated in place); got " + qn + " strides " + fb::stride_str(q) + ", " + kn +
              " strides " + fb::stride_str(k) + ", " + kn + " starting " + str(delta / e) + " elements after " + qn);

@@ -64,6 +64,25 @@ inline int64_t floor_div(int64_t a, int64_t b) {  // b > 0
   return (a % b != 0 && a < 0) ? q - 1 : q;
 }
 inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// The bytes [*lo, *hi) that `rows` rows of `width` bytes laid out by l (strides in bytes) cover,
+// the first row at `base`.
+inline void byte_span(const RowLayout& l, int64_t rows, int64_t width, int64_t base, int64_t* lo, int64_t* hi) {
+  const int64_t n_in = l.inner > 1 ? l.inner : 1, n_out = rows / n_in;
+  const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
+  *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
+  *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + width;
+}
+
+// Whether a row of a_bytes and a row of b_bytes meet when b's starts c + k * s after a's for
+// some k in [-(n - 1), n - 1] (the row pairs of two tensors of n rows at one stride s; a
+// negative s only swaps the sign of k): -b_bytes < c + k * s < a_bytes.
+inline bool shifts_meet(int64_t c, int64_t s, int64_t n, int64_t a_bytes, int64_t b_bytes) {
+  s = mag(s);
+  if (n <= 1 || s == 0) return -b_bytes < c && c < a_bytes;
+  const int64_t k_lo = floor_div(-b_bytes - c, s) + 1, k_hi = floor_div(a_bytes - c - 1, s);
+  return (k_lo > -(n - 1) ? k_lo : -(n - 1)) <= (k_hi < n - 1 ? k_hi : n - 1);
+}
 }  // namespace detail
 
 // True when no two of the `rows` rows (`hidden` elements each) that `l` addresses share an
@@ -100,25 +119,11 @@ inline bool rows_disjoint(const RowLayout& l, int64_t rows, int64_t hidden) {
 inline bool rows_intersect(const RowLayout& a, const RowLayout& b, int64_t delta, int64_t rows, int64_t a_bytes,
                            int64_t b_bytes) {
   if (rows <= 0 || a_bytes <= 0 || b_bytes <= 0) return false;
-  const int64_t n_in_a = a.inner > 1 ? a.inner : 1, n_in_b = b.inner > 1 ? b.inner : 1;
-  if (n_in_a == 1 && n_in_b == 1 && a.stride_outer == b.stride_outer) {
-    const int64_t s = detail::mag(a.stride_outer);
-    if (rows == 1 || s == 0) return -b_bytes < delta && delta < a_bytes;
-    // b's row j starts delta + k * s after a's row i (k = j - i in [-(rows - 1), rows - 1]; a
-    // negative stride only swaps the sign of k); they share a byte iff -b_bytes < that < a_bytes
-    const int64_t k_lo = detail::floor_div(-b_bytes - delta, s) + 1;
-    const int64_t k_hi = detail::floor_div(a_bytes - delta - 1, s);
-    return (k_lo > -(rows - 1) ? k_lo : -(rows - 1)) <= (k_hi < rows - 1 ? k_hi : rows - 1);
-  }
-  auto span = [&](const RowLayout& l, int64_t n_in, int64_t base, int64_t width, int64_t* lo, int64_t* hi) {
-    const int64_t n_out = rows / n_in;
-    const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
-    *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
-    *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + width;
-  };
+  if (a.inner <= 1 && b.inner <= 1 && a.stride_outer == b.stride_outer)
+    return detail::shifts_meet(delta, a.stride_outer, rows, a_bytes, b_bytes);
   int64_t alo, ahi, blo, bhi;
-  span(a, n_in_a, 0, a_bytes, &alo, &ahi);
-  span(b, n_in_b, delta, b_bytes, &blo, &bhi);
+  detail::byte_span(a, rows, a_bytes, 0, &alo, &ahi);
+  detail::byte_span(b, rows, b_bytes, delta, &blo, &bhi);
   return alo < bhi && blo < ahi;
 }
 
@@ -146,33 +151,18 @@ inline bool tensors_intersect(const RowLayout& la, int64_t a_rows, int64_t a_byt
     return RowLayout{1, l.stride_outer, 0};
   };
   const RowLayout ma = merge(la, &a_rows, &a_bytes), mb = merge(lb, &b_rows, &b_bytes);
-  const int64_t na = ma.inner > 1 ? ma.inner : 1, nb = mb.inner > 1 ? mb.inner : 1;
-  auto span = [](const RowLayout& l, int64_t n_in, int64_t rows, int64_t width, int64_t base, int64_t* lo,
-                 int64_t* hi) {
-    const int64_t n_out = rows / n_in;
-    const int64_t e_in = (n_in - 1) * l.stride_inner, e_out = (n_out - 1) * l.stride_outer;
-    *lo = base + (e_in < 0 ? e_in : 0) + (e_out < 0 ? e_out : 0);
-    *hi = base + (e_in > 0 ? e_in : 0) + (e_out > 0 ? e_out : 0) + width;
-  };
   int64_t alo, ahi, blo, bhi;
-  span(ma, na, a_rows, a_bytes, 0, &alo, &ahi);
-  span(mb, nb, b_rows, b_bytes, delta, &blo, &bhi);
+  detail::byte_span(ma, a_rows, a_bytes, 0, &alo, &ahi);
+  detail::byte_span(mb, b_rows, b_bytes, delta, &blo, &bhi);
   if (!(alo < bhi && blo < ahi)) return false;  // apart: the usual answer, in O(1)
-  const int64_t n = a_rows / na;
+  const int64_t na = ma.inner > 1 ? ma.inner : 1, nb = mb.inner > 1 ? mb.inner : 1, n = a_rows / na;
   if (n != b_rows / nb || (n > 1 && ma.stride_outer != mb.stride_outer) || na * nb > kExactHeadPairs)
     return true;  // no exact test for these layouts: the spans meet
-  // b's row (t', j) starts c + k * s after a's row (t, i), c = delta + j * b.inner_stride -
-  // i * a.inner_stride, k = t' - t in [-(n - 1), n - 1] (a negative s only swaps k's sign)
-  const int64_t s = n > 1 ? detail::mag(ma.stride_outer) : 0;
+  // b's row (t', j) starts c + (t' - t) * stride_outer after a's row (t, i)
   for (int64_t i = 0; i < na; ++i)
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t c = delta + j * (nb > 1 ? mb.stride_inner : 0) - i * (na > 1 ? ma.stride_inner : 0);
-      if (s == 0) {
-        if (-b_bytes < c && c < a_bytes) return true;
-        continue;
-      }
-      const int64_t k_lo = detail::floor_div(-b_bytes - c, s) + 1, k_hi = detail::floor_div(a_bytes - c - 1, s);
-      if ((k_lo > -(n - 1) ? k_lo : -(n - 1)) <= (k_hi < n - 1 ? k_hi : n - 1)) return true;
+      if (detail::shifts_meet(c, ma.stride_outer, n, a_bytes, b_bytes)) return true;
     }
   return false;
 }

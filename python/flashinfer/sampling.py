@@ -100,14 +100,15 @@ def _rows(x: Any) -> int:
 _UNUSED = object()
 
 
-def _integer(x: Any, name: str) -> int:
-    """An integer parameter: an int (numpy's too) or a float with an integral value (5.0)."""
+def _integer(x: Any, rule: str) -> int:
+    """An integer parameter: an int (numpy's too) or a float with an integral value (5.0); else
+    a TypeError saying ``rule`` and what was given."""
     try:
         return operator.index(x)
     except TypeError:
         if isinstance(x, numbers.Real) and float(x).is_integer():
             return int(x)
-        raise TypeError(f"{name} must be an int or a per-row int tensor; got {type(x).__name__} {x!r}") from None
+        raise TypeError(f"{rule}; got {type(x).__name__} {x!r}") from None
 
 
 def _param(fw: Any, x: Any, dtype: str, name: str) -> Tuple[Any, Any]:
@@ -119,7 +120,8 @@ def _param(fw: Any, x: Any, dtype: str, name: str) -> Tuple[Any, Any]:
     if _is_tensor(x):
         return to_dlpack(_cast(fw, x, dtype), name), 0
     if dtype == "int32":
-        return None, max(-1, min(_integer(x, name), 0x7fffffff))  # (<= 0 and >= V: no filter)
+        v = _integer(x, f"{name} must be an int or a per-row int tensor")
+        return None, max(-1, min(v, 0x7fffffff))  # (<= 0 and >= V: no filter)
     if not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a float or a per-row float tensor; got {type(x).__name__} {x!r}")
     v = float(x)

@@ -4,13 +4,11 @@ and their indices, without sorting the row (exact threshold search, then one com
 from __future__ import annotations
 
 import enum
-import numbers
-import operator
 from typing import Any, Tuple
 
 from . import _sampling
 from ._ext import framework_of, to_dlpack
-from .sampling import _empty
+from .sampling import _empty, _integer
 
 __all__ = ["top_k", "TopKTieBreak"]
 
@@ -34,12 +32,7 @@ def top_k(input: Any, k: int, sorted: bool = False, deterministic: bool = False,
     shape = tuple(input.shape)
     if len(shape) != 2:
         raise ValueError(f"top_k: input must be 2-D [batch_size, d]; got shape {shape}")
-    try:
-        k = operator.index(k)
-    except TypeError:
-        if not (isinstance(k, numbers.Real) and float(k).is_integer()):
-            raise TypeError(f"top_k: k must be an int; got {type(k).__name__} {k!r}") from None
-        k = int(k)
+    k = _integer(k, "top_k: k must be an int")
     if not 1 <= k <= shape[1]:  # (before the [B, k] outputs are allocated)
         raise ValueError(f"top_k: k must be in [1, input.shape[1]] = [1, {shape[1]}]; got {k}")
     values = fw.empty((shape[0], k), input)
