@@ -121,8 +121,8 @@ void apply_split_knobs(flashinfer::attention::DecodePlanConfig* cfg) {
 }
 
 void check_head_dim(const char* op, int64_t head_dim) {
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    fb::fail(std::string(op) + ": head_dim must be one of 64, 128, 256; got " + std::to_string(head_dim));
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256 && head_dim != 512)
+    fb::fail(std::string(op) + ": head_dim must be one of 64, 128, 256, 512; got " + std::to_string(head_dim));
 }
 
 // The KV cache of run(): one tensor ([pages, 2, ...]) or a (k, v) pair, in `layout`.
@@ -308,8 +308,8 @@ class DecodeRunner {
       p.merge_counters = reinterpret_cast<int32_t*>(counters_);
       p.batch_size = batch_;
       p.num_qo_heads = hq_, p.num_kv_heads = hkv_, p.group_size = hq_ / hkv_;
-      p.sub_groups = (p.group_size + flashinfer::attention::kDecodeMaxGroup - 1) / flashinfer::attention::kDecodeMaxGroup;
       p.head_dim = hd_;
+      p.sub_groups = flashinfer::attention::decode_sub_groups(p.group_size, p.head_dim);
       p.sm_scale = sm_scale_ * float(scale_mult);
       p.soft_cap = soft_cap_;
       p.window_left = window_;
@@ -356,7 +356,7 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
-  cfg.max_group_per_cta = flashinfer::attention::kDecodeMaxGroup;
+  cfg.max_group_per_cta = flashinfer::attention::decode_max_group(head_dim);
   cfg.page_size = page_size;
   cfg.disable_split_kv = disable_split_kv;
   cfg.fixed_split_tokens = fixed_split_tokens;
@@ -391,6 +391,7 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
   cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
+  cfg.max_group_per_cta = flashinfer::attention::decode_max_group(head_dim);
   apply_split_knobs(&cfg);
   const ShapedPlan sp = shaped_plan({kv_len}, {}, cfg, dt, head_dim, use_tc, pos_mode, true, false, -1);
   const int64_t chunks = sp.plan.merge[0].num_chunks;
@@ -455,8 +456,8 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.partial_lse = partial_lse ? static_cast<float*>(partial_lse->data()) : nullptr;
     p.batch_size = 1;
     p.num_qo_heads = int(hq), p.num_kv_heads = int(hkv), p.group_size = int(hq / hkv);
-    p.sub_groups = (p.group_size + flashinfer::attention::kDecodeMaxGroup - 1) / flashinfer::attention::kDecodeMaxGroup;
     p.head_dim = int(hd);
+    p.sub_groups = flashinfer::attention::decode_sub_groups(p.group_size, p.head_dim);
     p.sm_scale = float(sm_scale), p.soft_cap = float(soft_cap), p.window_left = window_left;
     p.pos_encoding = static_cast<PosEncodingMode>(pos_mode);
     p.rope_scale = float(rope_scale), p.rope_theta = float(rope_theta);
@@ -475,6 +476,8 @@ NB_MODULE(_decode, m) {
   m.def("plan", &plan, "kv_lens"_a, "page_begins"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
         "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a,
         "allow_shape"_a, "max_partial_states"_a);
+  m.def("sub_groups", &flashinfer::attention::decode_sub_groups, "group_size"_a, "head_dim"_a,
+        "q-head sub-groups (CTA work units per KV head) of a GQA group at head_dim");
   m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
         "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
   m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial_o"_a.none(),

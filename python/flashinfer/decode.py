@@ -32,7 +32,7 @@ __all__ = [
 _LAYOUTS = {"NHD": 0, "HND": 1}
 _POS_MODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 _INT_WORKSPACE_BYTES = 8 << 20
-_SUPPORTED_HEAD_DIMS = (64, 128, 256)
+_SUPPORTED_HEAD_DIMS = (64, 128, 256, 512)
 
 
 def _layout_code(kv_layout: str) -> int:
@@ -317,7 +317,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # (CUDA-graph replays keep the pointers captured at the first run):
         #   [num_items | merge [B,2] | kv_lens [B] | merge counters [B, units] (zero; the kernel
         #    resets them after use) | (page table, without CUDA graphs) | items [n,8]]
-        units = num_kv_heads * -(-(num_qo_heads // num_kv_heads) // 8)
+        units = num_kv_heads * _decode.sub_groups(num_qo_heads // num_kv_heads, head_dim)
         parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
                  kv_lens.astype(np.int32), np.zeros(batch * units, np.int32)]
         if not self._use_cuda_graph:

@@ -113,6 +113,13 @@ CASES = [
     (7, 2048, 16, 32, 1, 128, B, "NHD", False, "NONE", None, -1),  # MQA (group 32: sub-groups)
     (7, 2048, 16, 12, 4, 128, H, "HND", False, "NONE", None, -1),  # group 3
     (7, 2048, 16, 48, 4, 64, B, "NHD", True, "NONE", None, -1),  # group 12: 2 sub-groups, partial
+    # head_dim 512 (CUDA cores, 16 features per lane; q heads in sub-groups of 4; use_tc=True
+    # takes the same kernel)
+    (7, 2048, 16, 32, 8, 512, B, "NHD", False, "NONE", None, -1),
+    (7, 511, 5, 32, 4, 512, H, "HND", True, "ROPE_LLAMA", None, 100),  # group 8: 2 sub-groups
+    (1, 16384, 16, 8, 1, 512, B, "NHD", True, "NONE", 30.0, -1),  # split, 2 sub-groups, soft cap
+    (64, 511, 1, 16, 16, 512, H, "NHD", False, "ALIBI", None, -1),  # MHA, page 1
+    (7, 2048, 16, 12, 4, 512, B, "HND", False, "NONE", None, -1),  # group 3
 ]
 
 
@@ -230,6 +237,23 @@ def test_cuda_core_keys_per_stage(group, page_size):
     check_batch(o, lse, q, kv, "NHD")
 
 
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_head_dim_512_stage_edges(group, page_size):
+    """head_dim 512: lengths around the CUDA-core kernel's 16-key stages (32 at one q head) and
+    the page size, per q-head bucket (group 8 runs as two sub-groups of 4), with LSE; and
+    use_tensor_cores=True, which takes the same kernel at this head_dim, gives the same bits."""
+    lens = [1, 15, 16, 17, 31, 33, 64, 65, 200, 0, 129]
+    o, lse, q, kv = run_batch(lens, page_size, 2 * group, 2, 512, torch.bfloat16, "NHD")
+    check_batch(o, lse, q, kv, "NHD")
+    k, v, indptr, indices, last = kv
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+    w.plan(indptr, indices, last, 2 * group, 2, 512, page_size, q_data_type=torch.bfloat16)
+    o_tc, lse_tc = w.run(q, (k, v), return_lse=True)
+    assert torch.equal(o_tc, o) and torch.equal(lse_tc, lse)
+
+
 @pytest.mark.parametrize("form", ["5d", "tuple"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_cache_forms_agree(form, layout):
@@ -266,7 +290,7 @@ def test_page_size_one_forms(layout):
 
 @pytest.mark.parametrize("kv_len", [1, 15, 511, 2048, 16384, 32768])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 8, 64), (16, 2, 256)])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 8, 64), (16, 2, 256), (16, 4, 512), (8, 1, 512)])
 def test_single_decode(kv_len, layout, hq, hkv, d):
     check_single(kv_len, layout, hq, hkv, d, torch.bfloat16 if kv_len % 2 else torch.float16, False)
 
@@ -420,9 +444,9 @@ def test_disable_split_kv_is_batch_invariant():
     assert torch.equal(full[0], alone[0]) and torch.equal(full_lse[0], alone_lse[0])
 
 
-@pytest.mark.parametrize("use_tc", [False, True])
-def test_cuda_graph_replan_and_replay(use_tc):
-    hq, hkv, d, ps, batch = 32, 8, 128, 16, 7
+@pytest.mark.parametrize("use_tc,hq,hkv,d", [(False, 32, 8, 128), (True, 32, 8, 128), (False, 16, 2, 512)])
+def test_cuda_graph_replan_and_replay(use_tc, hq, hkv, d):
+    ps, batch = 16, 7
     max_pages = 4096
     indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device=CUDA)
     indices_buf = torch.empty(max_pages, dtype=torch.int32, device=CUDA)

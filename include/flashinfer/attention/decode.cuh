@@ -27,16 +27,16 @@ FLASHINFER_DEVICE float alibi_slope(int h, int num_heads) {
   return exp2f(-4.f * float(2 * (h - n) + 1) / float(n));
 }
 
-// Rotate-half RoPE on the 8 features [8*tx, 8*tx + 8) this thread holds; the partner half
-// lives in lane tx ^ (tx_count / 2) of the same key group.
-template <int kTx>
+// Rotate-half RoPE on the kVec features [kVec*tx, kVec*tx + kVec) this thread holds; the
+// partner half lives in lane tx ^ (tx_count / 2) of the same key group.
+template <int kTx, int kVec = 8>
 FLASHINFER_DEVICE void rope_rotate(float* x, const float* inv_freq, int tx, int64_t pos) {
-  float partner[8];
+  float partner[kVec];
   FLASHINFER_UNROLL
-  for (int e = 0; e < 8; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, x[e], kTx / 2);
+  for (int e = 0; e < kVec; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, x[e], kTx / 2);
   const bool first_half = tx < kTx / 2;
   FLASHINFER_UNROLL
-  for (int e = 0; e < 8; ++e) {
+  for (int e = 0; e < kVec; ++e) {
     float s, c;
     sincosf(float(pos) * inv_freq[e], &s, &c);
     x[e] = first_half ? x[e] * c - partner[e] * s : x[e] * c + partner[e] * s;
@@ -79,8 +79,9 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   }
   const int sub = static_cast<int>(it.unit % p.sub_groups);
   it.kv_head = static_cast<int>(it.unit / p.sub_groups);
-  it.qh0 = it.kv_head * p.group_size + sub * kDecodeMaxGroup;
-  it.ng = min(kDecodeMaxGroup, p.group_size - sub * kDecodeMaxGroup);
+  const int max_group = decode_max_group(p.head_dim);
+  it.qh0 = it.kv_head * p.group_size + sub * max_group;
+  it.ng = min(max_group, p.group_size - sub * max_group);
   if (p.window_left >= 0) it.lo = max(it.lo, it.kv_len - 1 - p.window_left);  // keys left of the window
   return it;
 }

@@ -61,35 +61,51 @@ struct DecodeParams {
   }
 };
 
-// CTA shape of the decode kernels: 128 threads; on CUDA cores tx = D / 8 threads own a key's
-// 16-byte vectors and ty = 128 / tx key groups work side by side (decode_cc.cuh).
+// CTA shape of the decode kernels: 128 threads; on CUDA cores tx = min(32, D / 8) lanes own a
+// key's features (8 each, 16 at head_dim 512) and ty = 128 / tx key groups work side by side
+// (decode_cc.cuh).
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMaxGroup = 8;  // q heads per CTA (larger groups split into sub-groups)
+constexpr int kDecodeMaxHeadDim = 512;
+
+// Lanes of a CUDA-core key group at head_dim D: one warp at most.
+FLASHINFER_HOST_DEVICE constexpr int decode_cc_lanes(int head_dim) { return head_dim / 8 < 32 ? head_dim / 8 : 32; }
+
+// q heads one CTA takes (the sub-group size): 8, or 4 at head_dim 512, where 8 heads' q and o
+// (16 floats each per lane) would not fit in registers.
+FLASHINFER_HOST_DEVICE constexpr int decode_max_group(int head_dim) { return head_dim > 256 ? 4 : kDecodeMaxGroup; }
+
+// Sub-groups a group of q heads splits into.
+FLASHINFER_HOST_DEVICE constexpr int decode_sub_groups(int group_size, int head_dim) {
+  return (group_size + decode_max_group(head_dim) - 1) / decode_max_group(head_dim);
+}
 
 // Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
-// (ROPE_LLAMA) and head_dim 256 (its 128 fp32 accumulators per thread would spill), which
-// stay on the CUDA-core kernel.
+// (ROPE_LLAMA) and head_dims 256 and 512 (128 or 256 fp32 accumulators per thread would
+// spill), which stay on the CUDA-core kernel.
 inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim) {
   return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
 }
 
-// The per-CTA q-head bucket a group size compiles to: 1, 2, 4 or 8.
-inline int decode_group_bucket(int group_size) {
-  return group_size <= 1 ? 1 : group_size <= 2 ? 2 : group_size <= 4 ? 4 : 8;
+// The per-CTA q-head bucket a group size compiles to at head_dim D: 1, 2, 4 or 8 (at most
+// decode_max_group(D)).
+inline int decode_group_bucket(int group_size, int head_dim) {
+  const int g = group_size < decode_max_group(head_dim) ? group_size : decode_max_group(head_dim);
+  return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
 }
 
 // Shared memory for the end-of-item merge across the ty rows (aliases the stages).
 inline int64_t decode_merge_smem(int head_dim) {
-  const int ty = kDecodeThreads / (head_dim / 8);
+  const int ty = kDecodeThreads / decode_cc_lanes(head_dim);
   return int64_t{ty} * kDecodeMaxGroup * (head_dim + 2) * 4;
 }
 
 template <typename T>
 Status validate(const DecodeParams<T>& p) {
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return Status::kUnsupported;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256 && p.head_dim != 512) return Status::kUnsupported;
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
   if (p.group_size != p.num_qo_heads / p.num_kv_heads) return Status::kInvalidArgument;
-  if (p.sub_groups * kDecodeMaxGroup < p.group_size) return Status::kInvalidArgument;
+  if (p.sub_groups != decode_sub_groups(p.group_size, p.head_dim)) return Status::kInvalidArgument;
   if (!p.items && (p.implicit_chunk <= 0 || p.implicit_chunks <= 0)) return Status::kInvalidArgument;
   if (p.contiguous_len < 0 && (!p.kv.indptr || !p.kv.indices || !p.kv.last_page_len)) return Status::kInvalidArgument;
   return Status::kSuccess;

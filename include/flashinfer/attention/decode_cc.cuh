@@ -1,7 +1,8 @@
 // CUDA-core decode kernel (use_tensor_cores=False): several keys per thread group per stage. A CTA's 128 threads
-// form kTy = 128 / kTx groups of kTx = D / 8 lanes (a lane owns 8 features of a key); each
-// group takes kKeys consecutive keys of every stage, so a stage holds kKeys * kTy keys
-// (kKeys * 4 KiB of K and V) copied by 2 * kKeys cp.async per thread. Per stage a lane forms
+// form kTy = 128 / kTx groups of kTx = min(32, D / 8) lanes (a lane owns kVec = D / kTx
+// features of a key: 8, or 16 at head_dim 512); each group takes kKeys consecutive keys of
+// every stage, so a stage holds kKeys * kTy keys (kKeys * kVec / 2 KiB of K and V) copied by
+// 2 * kKeys * kVec / 8 cp.async per thread. Per stage a lane forms
 // kKeys x kG partial dot products and reduces them across its group with a transpose-reduce
 // (reduce-scatter butterfly: N values over L lanes cost ~N shuffles instead of N log2 L),
 // finishes the scores it owns (soft cap, ALiBi, masks) and publishes them in a small per-stage
@@ -20,14 +21,22 @@
 namespace flashinfer {
 namespace attention {
 
-// Keys per thread group and stage: 8 for one q head (little work per key), else 4.
-FLASHINFER_HOST_DEVICE constexpr int decode_cc_keys(int kG) { return kG == 1 ? 8 : 4; }
+// Keys per thread group and stage: 8 for one q head (little work per key), else 4; 4 at
+// head_dim 512, whose lanes copy two vectors per key (the same bytes per thread).
+FLASHINFER_HOST_DEVICE constexpr int decode_cc_keys(int kG, int head_dim) { return kG == 1 && head_dim <= 256 ? 8 : 4; }
 
-// Per-stage bytes: K and V slots (kKeys 16-byte vectors each per thread) plus the group
-// scratch for scores and probabilities (kTy groups x 2 x kKeys * kG floats).
+// Per-stage bytes: K and V slots (kKeys * kVec / 8 16-byte vectors each per thread) plus the
+// group scratch for scores and probabilities (kTy groups x 2 x kKeys * kG floats).
 FLASHINFER_HOST_DEVICE constexpr int64_t decode_cc_stage_bytes(int head_dim, int kG) {
-  return int64_t{2} * decode_cc_keys(kG) * kDecodeThreads * 16 +
-         int64_t{kDecodeThreads / (head_dim / 8)} * decode_cc_keys(kG) * kG * 8;
+  return int64_t{2} * decode_cc_keys(kG, head_dim) * kDecodeThreads * 16 * (head_dim / 8 / decode_cc_lanes(head_dim)) +
+         int64_t{kDecodeThreads / decode_cc_lanes(head_dim)} * decode_cc_keys(kG, head_dim) * kG * 8;
+}
+
+// CTAs per SM the kernel's registers are bounded for (ptxas, sm_90): 8 features per lane: 4
+// up to 4 q heads, else 2; 16 features (head_dim 512, 3 CTAs fit in shared memory): 4 for one
+// head, 3 for two (at 4 CTAs it spilled), 2 for four.
+FLASHINFER_HOST_DEVICE constexpr int decode_cc_min_blocks(int head_dim, int kG) {
+  return head_dim / decode_cc_lanes(head_dim) == 8 ? (kG <= 4 ? 4 : 2) : (kG == 1 ? 4 : kG == 2 ? 3 : 2);
 }
 
 // Pipeline depth (FLASHINFER_DECODE_STAGES overrides it). Stages are 16-33 KiB; two beat three
@@ -87,16 +96,19 @@ FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
 // 25.8 -> 20.6, 1 x 32768 70.4 -> 66.0, 16 x 4096 110.9 -> 105.6, 64 x 2048 195.6 -> 187.4,
 // 128 x 8192 1429 -> 1359, 64/8 heads at 16 x 4096 161.1 -> 147.0; RoPE kernels unchanged.
 template <typename T, int kHeadDim, int kG, bool kRope>
-__global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
+__global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim, kG))
     DecodeCCKernel(const DecodeParams<T> p, const int stages) {
-  constexpr int kTx = kHeadDim / 8;
+  constexpr int kTx = decode_cc_lanes(kHeadDim);
+  constexpr int kVec = kHeadDim / kTx;  // features per lane: 8 or 16
+  constexpr int kVecs = kVec / 8;       // its 16-byte vectors per key
   constexpr int kTy = kDecodeThreads / kTx;
-  constexpr int kKeys = decode_cc_keys(kG);
+  constexpr int kKeys = decode_cc_keys(kG, kHeadDim);
   constexpr int kStageKeys = kKeys * kTy;
   constexpr int kN = kKeys * kG;                 // scores per group and stage
   constexpr int kR = kN >= kTx ? kN / kTx : 1;   // scores a lane owns after the reduce
   constexpr int kShare = kN >= kTx ? 1 : kTx / kN;  // lanes holding the same score
-  constexpr int kSlotVecs = kKeys * kDecodeThreads;  // uint4 per K (or V) part of a stage
+  constexpr int kSlotVecs = kKeys * kVecs * kDecodeThreads;  // uint4 per K (or V) part of a stage:
+                                                              // key j, vector v at (j * kVecs + v) * 128
   constexpr int kStageVecs = 2 * kSlotVecs + kTy * kN / 2;
   static_assert(kN % 4 == 0, "scores are read back as float4");
   static_assert(decode_cc_stage_bytes(kHeadDim, kG) == int64_t{kStageVecs} * 16, "stage layout");
@@ -107,11 +119,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
   const bool soft_cap = p.soft_cap > 0.f;
   const float q_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
   const float cap_log2 = p.soft_cap * detail::kLog2e;
-  float inv_freq[8];
+  float inv_freq[kVec];
   if (rope) {
     const RopeFreq f{double(p.rope_theta), double(p.rope_scale)};
     FLASHINFER_UNROLL
-    for (int e = 0; e < 8; ++e) inv_freq[e] = rope_inv_freq(f, (tx % (kTx / 2)) * 8 + e, kHeadDim);
+    for (int e = 0; e < kVec; ++e) inv_freq[e] = rope_inv_freq(f, (tx % (kTx / 2)) * kVec + e, kHeadDim);
   }
   // The scores this lane owns: index i = j * kG + g (key j of the group's kKeys, head g).
   const int own0 = kN >= kTx ? tx * kR : tx / kShare;
@@ -127,20 +139,23 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
     const int kv_head = it.kv_head, qh0 = it.qh0, ng = min(kG, it.ng);
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kStageKeys) : 0;
 
-    float q[kG][8];
+    float q[kG][kVec];
     FLASHINFER_UNROLL
     for (int g = 0; g < kG; ++g) {
-      Vec<T, 8> qv;
-      if (g < ng) {
-        qv.load(p.q + b * p.q_stride_n + int64_t{qh0 + g} * p.q_stride_h + tx * 8);
-        qv.to_float(q[g]);
-      } else {
-        FLASHINFER_UNROLL
-        for (int e = 0; e < 8; ++e) q[g][e] = 0.f;
-      }
-      if (rope) detail::rope_rotate<kTx>(q[g], inv_freq, tx, kv_len - 1);
       FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) q[g][e] *= q_scale;
+      for (int v = 0; v < kVecs; ++v) {
+        Vec<T, 8> qv;
+        if (g < ng) {
+          qv.load(p.q + b * p.q_stride_n + int64_t{qh0 + g} * p.q_stride_h + tx * kVec + v * 8);
+          qv.to_float(q[g] + v * 8);
+        } else {
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 8; ++e) q[g][v * 8 + e] = 0.f;
+        }
+      }
+      if (rope) detail::rope_rotate<kTx, kVec>(q[g], inv_freq, tx, kv_len - 1);
+      FLASHINFER_UNROLL
+      for (int e = 0; e < kVec; ++e) q[g][e] *= q_scale;
     }
     // Per owned score: its head, whether that head is used (padded heads score -inf), and its
     // ALiBi slope (log2 units).
@@ -155,8 +170,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
       own_slope[r] = alibi ? detail::alibi_slope(qh0 + g, p.num_qo_heads) * detail::kLog2e : 0.f;
     }
 
-    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + tx * 8;
-    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * 8;
+    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + tx * kVec;
+    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * kVec;
     const int64_t page_base = paged ? it.page_begin : 0;
     // Walks this group's first key of each stage, lo + ty * kKeys + tile * kStageKeys; the
     // fetch of a tile (its page ids and first entry) is taken one iteration before its copy.
@@ -202,10 +217,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
           const T* kp = kbase + (int64_t{f.page[0]} * p.kv.stride_page + int64_t{f.entry0} * p.kv.stride_n);
           const T* vp = vbase + (int64_t{f.page[0]} * p.v_stride_page + int64_t{f.entry0} * p.v_stride_n);
           FLASHINFER_UNROLL
-          for (int j = 0; j < kKeys; ++j) {
-            cp_async::copy16(ks + j * kDecodeThreads, kp + j * p.kv.stride_n);
-            cp_async::copy16(vs + j * kDecodeThreads, vp + j * p.v_stride_n);
-          }
+          for (int j = 0; j < kKeys; ++j)
+            FLASHINFER_UNROLL
+            for (int v = 0; v < kVecs; ++v) {
+              cp_async::copy16(ks + (j * kVecs + v) * kDecodeThreads, kp + j * p.kv.stride_n + v * 8);
+              cp_async::copy16(vs + (j * kVecs + v) * kDecodeThreads, vp + j * p.v_stride_n + v * 8);
+            }
           cp_async::commit();
           return;
         }
@@ -225,20 +242,23 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
             }
           }
           const bool ok = t0 + j < hi;
-          cp_async::copy16_or_zero(ks + j * kDecodeThreads, ok ? kbase + koff : kbase, ok);  // zeros past hi
-          cp_async::copy16_or_zero(vs + j * kDecodeThreads, ok ? vbase + voff : vbase, ok);
+          FLASHINFER_UNROLL
+          for (int v = 0; v < kVecs; ++v) {  // zeros past hi
+            cp_async::copy16_or_zero(ks + (j * kVecs + v) * kDecodeThreads, (ok ? kbase + koff : kbase) + v * 8, ok);
+            cp_async::copy16_or_zero(vs + (j * kVecs + v) * kDecodeThreads, (ok ? vbase + voff : vbase) + v * 8, ok);
+          }
         }
       }
       cp_async::commit();
     };
 
-    float m[kG], den[kG], o[kG][8];
+    float m[kG], den[kG], o[kG][kVec];
     FLASHINFER_UNROLL
     for (int g = 0; g < kG; ++g) {
       m[g] = neg_inf();
       den[g] = 0.f;
       FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+      for (int e = 0; e < kVec; ++e) o[g][e] = 0.f;
     }
 
     for (int s = 0; s + 1 < stages; ++s) {
@@ -257,18 +277,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
       float* xp = xs + kTy * kN;  // probabilities
       const int64_t t0 = lo + tile * kStageKeys + ty * kKeys;
 
-      // Partial scores x[j * kG + g] over this lane's 8 features.
+      // Partial scores x[j * kG + g] over this lane's kVec features.
       float x[kN];
       FLASHINFER_UNROLL
       for (int j = 0; j < kKeys; ++j) {
-        float kf[8];
-        load16<T>(ks + j * kDecodeThreads).to_float(kf);  // one LDS.128 (vec_dtypes.cuh)
-        if (rope) detail::rope_rotate<kTx>(kf, inv_freq, tx, t0 + j);
+        float kf[kVec];
+        FLASHINFER_UNROLL
+        for (int v = 0; v < kVecs; ++v)
+          load16<T>(ks + (j * kVecs + v) * kDecodeThreads).to_float(kf + v * 8);  // one LDS.128 (vec_dtypes.cuh)
+        if (rope) detail::rope_rotate<kTx, kVec>(kf, inv_freq, tx, t0 + j);
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g) {
           float acc = 0.f;
           FLASHINFER_UNROLL
-          for (int e = 0; e < 8; ++e) acc += q[g][e] * kf[e];
+          for (int e = 0; e < kVec; ++e) acc += q[g][e] * kf[e];
           x[j * kG + g] = acc;
         }
       }
@@ -301,7 +323,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
             const float scale = exp2f(m[g] - mx);  // 0 on the first finite score
             den[g] *= scale;
             FLASHINFER_UNROLL
-            for (int e = 0; e < 8; ++e) o[g][e] *= scale;
+            for (int e = 0; e < kVec; ++e) o[g][e] *= scale;
             m[g] = mx;
           }
         }
@@ -325,12 +347,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
         for (int j = 0; j < kKeys; ++j) den[g] += pa[j * kG + g];
       FLASHINFER_UNROLL
       for (int j = 0; j < kKeys; ++j) {
-        float vf[8];
-        load16<T>(vs + j * kDecodeThreads).to_float(vf);  // zeros past hi
+        float vf[kVec];
+        FLASHINFER_UNROLL
+        for (int v = 0; v < kVecs; ++v) load16<T>(vs + (j * kVecs + v) * kDecodeThreads).to_float(vf + v * 8);  // zeros past hi
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g)
           FLASHINFER_UNROLL
-          for (int e = 0; e < 8; ++e) o[g][e] += pa[j * kG + g] * vf[e];
+          for (int e = 0; e < kVec; ++e) o[g][e] += pa[j * kG + g] * vf[e];
       }
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
@@ -343,7 +366,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kG <= 4 ? 4 : 2)
     FLASHINFER_UNROLL
     for (int g = 0; g < kG; ++g) {
       FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) so[(ty * kDecodeMaxGroup + g) * kHeadDim + tx * 8 + e] = o[g][e];
+      for (int e = 0; e < kVec; ++e) so[(ty * kDecodeMaxGroup + g) * kHeadDim + tx * kVec + e] = o[g][e];
       if (tx == 0) {
         sm[ty * kDecodeMaxGroup + g] = m[g];
         sd[ty * kDecodeMaxGroup + g] = den[g];

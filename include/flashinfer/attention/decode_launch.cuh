@@ -307,7 +307,7 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
 template <typename T>
 cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
-  const int bucket = decode_group_bucket(p.group_size);
+  const int bucket = decode_group_bucket(p.group_size, p.head_dim);
   cudaError_t err = cudaErrorInvalidValue;
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
@@ -315,11 +315,13 @@ cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int
       case 1: err = DecodeDispatched<T, kD, 1>(p, use_tc, launch_merge, max_grid, stream); break;
       case 2: err = DecodeDispatched<T, kD, 2>(p, use_tc, launch_merge, max_grid, stream); break;
       case 4: err = DecodeDispatched<T, kD, 4>(p, use_tc, launch_merge, max_grid, stream); break;
-      default: err = DecodeDispatched<T, kD, 8>(p, use_tc, launch_merge, max_grid, stream); break;
+      default:
+        if constexpr (decode_max_group(kD) >= 8) err = DecodeDispatched<T, kD, 8>(p, use_tc, launch_merge, max_grid, stream);
+        break;
     }
     return Status::kSuccess;
   };
-  if (with_int<64, 128, 256>(p.head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (with_int<64, 128, 256, 512>(p.head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
   return err;
 }
 
@@ -335,18 +337,20 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   const TcCopy copy = tc ? decode_tc_copy_asked(dev) : TcCopy::kCpAsync;
   DecodeLaunch l;
   cudaError_t err = cudaErrorInvalidValue;
-  const int bucket = decode_group_bucket(group_size);
+  const int bucket = decode_group_bucket(group_size, head_dim);
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
       case 1: err = decode_shape_for<T, kD, 1>(tc, copy, rope, &l, stages); break;
       case 2: err = decode_shape_for<T, kD, 2>(tc, copy, rope, &l, stages); break;
       case 4: err = decode_shape_for<T, kD, 4>(tc, copy, rope, &l, stages); break;
-      default: err = decode_shape_for<T, kD, 8>(tc, copy, rope, &l, stages); break;
+      default:
+        if constexpr (decode_max_group(kD) >= 8) err = decode_shape_for<T, kD, 8>(tc, copy, rope, &l, stages);
+        break;
     }
     return Status::kSuccess;
   };
-  if (with_int<64, 128, 256>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (with_int<64, 128, 256, 512>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
   *num_sms = dev.num_sms;
   *ctas = static_cast<int>(l.grid / dev.num_sms);

@@ -1,6 +1,6 @@
 // The CUDA-core decode kernel DecodeCCKernel (decode_cc.cuh) run on the CPU by cuda_emulator.h
-// against a float64 reference: head_dim 64/128/256, group sizes 1/2/3/4/8/12 (padded buckets,
-// sub-groups), page sizes 1/5/7/16 and contiguous KV, NHD/HND strides, ragged and empty
+// against a float64 reference: head_dim 64/128/256/512, group sizes 1/2/3/4/8/12 (padded buckets,
+// sub-groups of 8, or 4 at head_dim 512), page sizes 1/5/7/16 and contiguous KV, NHD/HND strides, ragged and empty
 // requests, split items (explicit and implicit) folded by DecodeMergeKernel, RoPE / ALiBi / soft
 // cap / sliding window, LSE, 2, 3 and 4 stages, f16 and bf16. cp.async is emulated by
 // cp_async_emulated.h (copies land at the latest legal time, so a slot reused too early shows
@@ -84,7 +84,7 @@ void run_case(const Case& c, uint64_t seed) {
   };
 
   // work items
-  const int sub_groups = (c.group + kDecodeMaxGroup - 1) / kDecodeMaxGroup;
+  const int sub_groups = decode_sub_groups(c.group, D);
   const int units = KH * sub_groups;
   std::vector<DecodeWorkItem> items;
   std::vector<DecodeMergeInfo> merge(B);
@@ -167,7 +167,7 @@ void run_case(const Case& c, uint64_t seed) {
     return;
   }
 
-  const int bucket = decode_group_bucket(c.group);
+  const int bucket = decode_group_bucket(c.group, D);
   auto go = [&](auto hd, auto gb) {
     constexpr int kD = decltype(hd)::value, kG = decltype(gb)::value;
     const int64_t smem = max<int64_t>(c.stages * decode_cc_stage_bytes(kD, kG), decode_merge_smem(kD));
@@ -185,12 +185,15 @@ void run_case(const Case& c, uint64_t seed) {
       case 1: go(hd, std::integral_constant<int, 1>{}); break;
       case 2: go(hd, std::integral_constant<int, 2>{}); break;
       case 4: go(hd, std::integral_constant<int, 4>{}); break;
-      default: go(hd, std::integral_constant<int, 8>{}); break;
+      default:
+        if constexpr (decode_max_group(decltype(hd)::value) >= 8) go(hd, std::integral_constant<int, 8>{});
+        break;
     }
   };
   if (D == 64) by_g(std::integral_constant<int, 64>{});
   if (D == 128) by_g(std::integral_constant<int, 128>{});
   if (D == 256) by_g(std::integral_constant<int, 256>{});
+  if (D == 512) by_g(std::integral_constant<int, 512>{});
 
   // float64 reference
   const RopeFreq rf{1e4, 1.0};
@@ -292,6 +295,13 @@ int main() {
       {128, 8, 1, 0, {1000}, 96, A, 0.f, -1, false, 3, 5},   // implicit split, ALiBi
       {64, 2, 1, 0, {333}, 100, R, 0.f, 150, true, 2, 3},    // implicit split, RoPE + window
       {128, 4, 2, 16, {700, 1, 2, 31}, 0, N, 10.f, -1, false, 4, 3},  // long rows, many stages
+      // head_dim 512: 16 features per lane, sub-groups of 4 q heads
+      {512, 4, 2, 16, {37, 1, 100, 0}, 0, N, 0.f, -1, false, 2, 5},
+      {512, 8, 1, 5, {77, 3}, 16, A, 0.f, -1, true, 3, 4},       // 2 sub-groups, split
+      {512, 1, 2, 16, {50}, 0, R, 20.f, -1, false, 2, 3},          // RoPE, soft cap
+      {512, 2, 1, 7, {61}, 0, R, 0.f, 20, true, 2, 2},             // RoPE, window, HND
+      {512, 12, 1, 0, {150}, 40, N, 0.f, -1, false, 2, 4},         // implicit split, 3 sub-groups
+      {512, 3, 1, 1, {45, 9}, 0, N, 0.f, -1, false, 3, 2},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) run_case<__half>(c, seed++);
@@ -299,6 +309,8 @@ int main() {
   run_case<__nv_bfloat16>(cases[0], 99);
   run_case<__nv_bfloat16>(cases[10], 98);
   run_case<__nv_bfloat16>(cases[13], 97);
+  run_case<__nv_bfloat16>(cases[19], 96);
+  run_case<__nv_bfloat16>(cases[21], 95);
   std::printf(failures ? "FAILED: %d\n" : "all ok\n", failures);
   return failures ? 1 : 0;
 }
