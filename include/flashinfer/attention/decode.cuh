@@ -60,7 +60,8 @@ FLASHINFER_DEVICE int64_t num_items(const DecodeParams<T>& p) {
   return p.num_items_host > 0 ? p.num_items_host : int64_t{*p.num_items};
 }
 
-template <typename T>
+// kMaxGroup: the kernel's sub-group size, decode_max_group(head_dim).
+template <int kMaxGroup, typename T>
 FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   Item it;
   if (p.items) {
@@ -79,9 +80,8 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   }
   const int sub = static_cast<int>(it.unit % p.sub_groups);
   it.kv_head = static_cast<int>(it.unit / p.sub_groups);
-  const int max_group = decode_max_group(p.head_dim);
-  it.qh0 = it.kv_head * p.group_size + sub * max_group;
-  it.ng = min(max_group, p.group_size - sub * max_group);
+  it.qh0 = it.kv_head * p.group_size + sub * kMaxGroup;
+  it.ng = min(kMaxGroup, p.group_size - sub * kMaxGroup);
   if (p.window_left >= 0) it.lo = max(it.lo, it.kv_len - 1 - p.window_left);  // keys left of the window
   return it;
 }

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
   pdl_wait();
   const int64_t n_items = detail::num_items(p);
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const detail::Item it = detail::get_item(p, item);
+    const detail::Item it = detail::get_item<decode_max_group(kHeadDim)>(p, item);
     const int64_t b = it.request, kv_len = it.kv_len, lo = it.lo, hi = it.hi;
     const int kv_head = it.kv_head, qh0 = it.qh0, ng = min(kG, it.ng);
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kStageKeys) : 0;
