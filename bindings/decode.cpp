@@ -399,8 +399,10 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
   return nb::make_tuple(chunk, chunks, sp.stages);
 }
 
+// partial: float32 scratch of >= chunks * num_qo_heads * (head_dim + 1) elements when chunks > 1
+// (the partial outputs, then their LSEs): one allocation per call instead of two.
 void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
-                   std::optional<MutTensor> partial_o, std::optional<MutTensor> partial_lse, int layout,
+                   std::optional<MutTensor> partial, int layout,
                    int64_t chunk, int64_t chunks, int pos_mode, int window_left, double sm_scale, double soft_cap,
                    double rope_scale, double rope_theta, bool use_tc, uintptr_t stream, bool enable_pdl, int stages) {
   const fb::Checker c{"single_decode_with_kv_cache"};
@@ -428,7 +430,19 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     c.dim_is(*lse, "lse", 0, hq, "num_qo_heads");
     c.dtype_is(*lse, "lse", fb::DType::kF32);
   }
-  if (chunks > 1 && (!partial_o || !partial_lse)) fb::fail(std::string(c.op) + ": split decode needs partial buffers");
+  float* partial_o = nullptr;
+  float* partial_lse = nullptr;
+  if (chunks > 1) {
+    if (!partial) fb::fail(std::string(c.op) + ": split decode needs a partial-state buffer");
+    c.dtype_is(*partial, "partial", fb::DType::kF32);
+    int64_t n = 1;
+    for (size_t i = 0; i < partial->ndim(); ++i) n *= static_cast<int64_t>(partial->shape(i));
+    if (n < chunks * hq * (hd + 1) || (partial->ndim() == 1 && partial->stride(0) != 1))
+      fb::fail(std::string(c.op) + ": partial must be a contiguous float32 buffer of >= " +
+               std::to_string(chunks * hq * (hd + 1)) + " elements; got " + std::to_string(n));
+    partial_o = static_cast<float*>(partial->data());
+    partial_lse = partial_o + chunks * hq * hd;
+  }
   KVView kv{k.data(), v.data(), 1, std::max<int64_t>(kv_len, 1), hkv, hd, 0, k.stride(ln), k.stride(hn), 0,
             v.stride(ln), v.stride(hn), dt};
   check_kv_alignment(c, kv);
@@ -452,8 +466,8 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.o_stride_n = 0, p.o_stride_h = out.stride(0);
     p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
     p.implicit_chunk = chunk, p.implicit_chunks = chunks;
-    p.partial_o = partial_o ? static_cast<float*>(partial_o->data()) : nullptr;
-    p.partial_lse = partial_lse ? static_cast<float*>(partial_lse->data()) : nullptr;
+    p.partial_o = partial_o;
+    p.partial_lse = partial_lse;
     p.batch_size = 1;
     p.num_qo_heads = int(hq), p.num_kv_heads = int(hkv), p.group_size = int(hq / hkv);
     p.head_dim = int(hd);
@@ -480,8 +494,8 @@ NB_MODULE(_decode, m) {
         "q-head sub-groups (CTA work units per KV head) of a GQA group at head_dim");
   m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
         "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
-  m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial_o"_a.none(),
-        "partial_lse"_a.none(), "layout"_a, "chunk"_a, "chunks"_a, "pos_encoding_mode"_a, "window_left"_a,
+  m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial"_a.none(),
+        "layout"_a, "chunk"_a, "chunks"_a, "pos_encoding_mode"_a, "window_left"_a,
         "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "use_tensor_cores"_a, "stream"_a, "enable_pdl"_a,
         "stages"_a);
   nb::class_<DecodeRunner>(m, "DecodeRunner")

@@ -536,16 +536,13 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     chunk, chunks, stages = chunking
     out = fw.empty_like(q)
     lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
-    partial_o = partial_lse = None
-    if chunks > 1:
-        partial_o = fw.empty_f32((chunks * num_qo_heads * head_dim,), q)
-        partial_lse = fw.empty_f32((chunks * num_qo_heads,), q)
+    # split: the chunks' partial outputs and LSEs, in one float32 allocation
+    partial = fw.empty_f32((chunks * num_qo_heads * (head_dim + 1),), q) if chunks > 1 else None
     scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale))
     scale *= (q_scale if q_scale is not None else 1.0) * (k_scale if k_scale is not None else 1.0)
     dl = fw.to_dlpack
     _decode.single_decode(dl(q), to_dlpack(k, "k"), to_dlpack(v, "v"), dl(out), None if lse is None else dl(lse),
-                          None if partial_o is None else dl(partial_o), None if partial_lse is None else dl(partial_lse),
-                          layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
+                          None if partial is None else dl(partial), layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
                           _soft_cap(logits_soft_cap),
                           1.0 if rope_scale is None else float(rope_scale),
                           1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True,
