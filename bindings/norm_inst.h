@@ -12,5 +12,7 @@ namespace flashinfer {
 namespace norm {
 template <typename T, typename WT>
 cudaError_t Norm(const NormParams<T, WT>& p, NormKind kind, cudaStream_t stream);
+template <typename T, typename WT>
+cudaError_t NormQuant(const NormQuantParams<T, WT>& p, NormKind kind, cudaStream_t stream);
 }  // namespace norm
 }  // namespace flashinfer

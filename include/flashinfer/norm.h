@@ -37,6 +37,26 @@ struct NormParams {
   bool pdl;             // launch with programmatic dependent launch (sm_90+)
 };
 
+enum class Fp8Kind : int { kE4M3 = 0, kE5M2 = 1 };
+
+// The fp8 norms (norm_quant.cuh). T: input / residual element type; WT: weight (and LayerNorm bias) element type (T for the
+// RMSNorms, float for LayerNorm).
+template <typename T, typename WT>
+struct NormQuantParams {
+  uint8_t* out;             // [rows, hidden] fp8 bytes via out_rows
+  const T* input;           // [rows, hidden] via in_rows
+  T* residual;              // kFusedAddRMS: via res_rows, receives input + residual (rounded)
+  const WT* weight;         // [hidden]
+  const WT* bias;           // [hidden], kLayer only
+  const float* scale_ptr;   // a device scalar, or null: `scale`
+  float scale;
+  int64_t rows, hidden;
+  RowLayout in_rows, out_rows, res_rows;
+  float eps;
+  Fp8Kind fp8;
+  bool pdl;
+};
+
 // 16-byte vectors of the element type carry this many elements.
 template <typename T>
 constexpr int kVecElems = 16 / sizeof(T);

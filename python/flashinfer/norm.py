@@ -6,7 +6,7 @@ dimension; rows may have any stride (a view into a wider tensor is read in place
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from . import _norm
 from ._ext import _BY_TYPE, framework_of, to_dlpack
@@ -20,7 +20,8 @@ _gemma_rmsnorm = _norm.gemma_rmsnorm
 _fused_add_rmsnorm = _norm.fused_add_rmsnorm
 _gemma_fused_add_rmsnorm = _norm.gemma_fused_add_rmsnorm
 
-__all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"]
+__all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm", "rmsnorm_quant",
+           "fused_add_rmsnorm_quant", "layernorm_quant"]
 
 
 def rmsnorm(input: Any, weight: Any, eps: float = 1e-6, out: Optional[Any] = None,
@@ -92,4 +93,77 @@ def layernorm(input: Any, gemma: Any, beta: Any, eps: float = 1e-6) -> Any:
     out = fw.empty_like(input)
     _norm.layernorm(fw.to_dlpack(input), to_dlpack(gemma, "gemma"), to_dlpack(beta, "beta"),
                     fw.to_dlpack(out), eps, fw.stream(input))
+    return out
+
+
+# ---- fp8 outputs: out = fp8(clamp(norm(x) / scale)) (round to nearest, saturated) ----
+
+def _fp8_out(out: Any) -> Tuple[Any, int]:
+    """The uint8 view of a float8 `out` the binding takes, and its format (0 e4m3fn, 1 e5m2)."""
+    name = str(getattr(out, "dtype", type(out).__name__))
+    if name.endswith("float8_e4m3fn"):
+        code = 0
+    elif name.endswith("float8_e5m2"):
+        code = 1
+    else:
+        raise ValueError(f"out must be a float8_e4m3fn or float8_e5m2 tensor; got dtype {name}")
+    import torch
+
+    return out.view(torch.uint8), code
+
+
+def _scale(scale: Any) -> Tuple[Any, float]:
+    """(DLPack of a 1-element float32 tensor, 0.0) or (None, the float)."""
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return None, float(scale)
+    numel = scale.numel() if callable(getattr(scale, "numel", None)) else getattr(scale, "size", None)
+    if numel != 1:
+        raise ValueError("scale must be a scalar tensor")
+    if str(scale.dtype).rsplit(".", 1)[-1] != "float32":
+        scale = scale.float() if hasattr(scale, "float") else scale.astype("float32")
+    return to_dlpack(scale, "scale"), 0.0
+
+
+def rmsnorm_quant(out: Any, input: Any, weight: Any, scale: Any, eps: float = 1e-6,
+                  enable_pdl: Optional[bool] = None) -> Any:
+    r"""RMSNorm into an fp8 tensor: ``out = fp8(clamp(input / sqrt(mean(input**2) + eps) * weight / scale))``.
+
+    out: ``[num_tokens, hidden]`` float8_e4m3fn or float8_e5m2; input ``[num_tokens, hidden]``
+    float16/bfloat16; weight ``[hidden]``; scale a float or a 1-element tensor on the device
+    (read by the kernel). Returns ``out``."""
+    fw = framework_of(input)
+    o8, code = _fp8_out(out)
+    st, sv = _scale(scale)
+    _norm.rmsnorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(weight, "weight"), st, sv, eps, code,
+                        fw.stream(input), enable_pdl is not False)
+    return out
+
+
+def fused_add_rmsnorm_quant(out: Any, input: Any, residual: Any, weight: Any, scale: Any, eps: float = 1e-6,
+                            enable_pdl: Optional[bool] = None) -> Any:
+    r"""``residual += input`` (rounded, in place); ``out = fp8(clamp(rmsnorm(residual) * weight / scale))``
+    from the unrounded fp32 sum. ``input`` is not written. Returns ``out``."""
+    fw = framework_of(input)
+    o8, code = _fp8_out(out)
+    st, sv = _scale(scale)
+    _norm.fused_add_rmsnorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(residual, "residual"),
+                                  to_dlpack(weight, "weight"), st, sv, eps, code, fw.stream(input),
+                                  enable_pdl is not False)
+    return out
+
+
+def layernorm_quant(out: Any, input: Any, gemma: Any, beta: Any, scale: Any, eps: float = 1e-6) -> Any:
+    r"""LayerNorm into an fp8 tensor: ``out = fp8(clamp(bf16(layernorm(input) * gemma + beta) / scale))``.
+
+    input: ``[num_tokens, hidden]`` bfloat16, contiguous; gemma, beta ``[hidden]`` float32.
+    Returns ``out``."""
+    fw = framework_of(input)
+    if str(getattr(input, "dtype", "")).rsplit(".", 1)[-1] != "bfloat16":
+        raise RuntimeError("input must be bfloat16")
+    if hasattr(input, "is_contiguous") and not input.is_contiguous():
+        raise RuntimeError("input must be contiguous")
+    o8, code = _fp8_out(out)
+    st, sv = _scale(scale)
+    _norm.layernorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(gemma, "gemma"), to_dlpack(beta, "beta"),
+                          st, sv, eps, code, fw.stream(input))
     return out

@@ -471,3 +471,52 @@ def test_raw_binding_refuses_tensors_on_different_gpus():
     x, w, out = FakeCudaTensor((2, 64)), FakeCudaTensor((64,)), FakeCudaTensor((2, 64), device_id=1)
     with raises_value_error("rmsnorm", "out is on cuda:1 but input is on cuda:0"):
         _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
+
+
+# ---- the fp8-output norms (CPU tensors: every check before the device one) ----------------
+
+def _quant_args(rows=4, hidden=64, dtype=F16):
+    x = torch.randn(rows, hidden, dtype=dtype)
+    return x, torch.randn(hidden, dtype=dtype), torch.empty(rows, hidden).to(torch.float8_e4m3fn)
+
+
+def test_quant_out_must_be_float8():
+    x, w, _ = _quant_args()
+    with pytest.raises(ValueError, match="out must be a float8_e4m3fn or float8_e5m2 tensor"):
+        flashinfer.rmsnorm_quant(torch.empty_like(x), x, w, 1.0)
+
+
+@pytest.mark.parametrize("scale, match", [(torch.ones(2), "scale must be a scalar tensor"),
+                                          (0.0, "scale must be a finite nonzero number"),
+                                          (float("inf"), "scale must be a finite nonzero number")])
+def test_quant_scale_is_checked(scale, match):
+    x, w, out = _quant_args()
+    with pytest.raises(ValueError, match=match):
+        flashinfer.rmsnorm_quant(out, x, w, scale)
+
+
+def test_quant_shapes_dtypes_and_overlap_are_checked():
+    x, w, out = _quant_args()
+    with pytest.raises(ValueError, match=r"rmsnorm_quant: out"):
+        flashinfer.rmsnorm_quant(out[:2], x, w, 1.0)
+    with pytest.raises(ValueError, match=r"rmsnorm_quant: weight"):
+        flashinfer.rmsnorm_quant(out, x, w.to(BF16), 1.0)
+    with pytest.raises(ValueError, match=r"fused_add_rmsnorm_quant: residual must not overlap input"):
+        flashinfer.fused_add_rmsnorm_quant(out, x, x, w, 1.0)
+    with pytest.raises(ValueError, match=r"eps"):
+        flashinfer.rmsnorm_quant(out, x, w, 1.0, eps=-1.0)
+    with pytest.raises(ValueError, match=r"rmsnorm_quant: out must not overlap input"):
+        flashinfer.rmsnorm_quant(x.view(torch.uint8)[:, :64].view(torch.float8_e4m3fn), x, w, 1.0)
+    with pytest.raises(ValueError, match="CUDA"):
+        flashinfer.rmsnorm_quant(out, x, w, 1.0)
+
+
+def test_layernorm_quant_requires_contiguous_bf16():
+    g = torch.randn(64)
+    out = torch.empty(4, 64).to(torch.float8_e5m2)
+    with pytest.raises(RuntimeError, match="input must be bfloat16"):
+        flashinfer.layernorm_quant(out, torch.randn(4, 64, dtype=F16), g, g, 1.0)
+    with pytest.raises(RuntimeError, match="input must be contiguous"):
+        flashinfer.layernorm_quant(out, torch.randn(4, 128, dtype=BF16)[:, :64], g, g, 1.0)
+    with pytest.raises(ValueError, match="layernorm_quant: gemma"):
+        flashinfer.layernorm_quant(out, torch.randn(4, 64, dtype=BF16), g.to(F16), g, 1.0)

@@ -95,6 +95,24 @@ def layernorm(torch, args) -> Case:
                 lambda: F.layer_norm(x, (h,), g16, b16, 1e-6), "F.layer_norm", bytes=2 * n * h * e + 8 * h)
 
 
+def rmsnorm_quant(torch, args) -> Case:
+    """RMSNorm into fp8 e4m3 with a device scale; the reference: F.rms_norm, then divide, clamp, cast."""
+    n, h = _rows_hidden(args)
+    dt = _dtype(torch, args.dtype)
+    x = torch.randn(n, h, dtype=dt, device="cuda")
+    w = torch.randn(h, dtype=dt, device="cuda")
+    o = torch.empty(n, h, device="cuda").to(torch.float8_e4m3fn)
+    s = torch.tensor(0.5, device="cuda")
+    F = torch.nn.functional
+    m = torch.finfo(torch.float8_e4m3fn).max
+
+    def ref():
+        return (F.rms_norm(x.float(), (h,), w.float(), 1e-6) / s).clamp(-m, m).to(torch.float8_e4m3fn)
+
+    return Case("rmsnorm_quant", f"{n}x{h}", args.dtype, lambda: flashinfer.rmsnorm_quant(o, x, w, s), None, ref,
+                "F.rms_norm + clamp + cast", bytes=n * h * (x.element_size() + 1) + h * x.element_size())
+
+
 def _act(name: str, torch_act_name: str):
     def build(torch, args) -> Case:
         n, h = _rows_hidden(args)
@@ -134,6 +152,7 @@ ROUTINES: Dict[str, Callable] = {
     "fused_add_rmsnorm": fused_add_rmsnorm,
     "gemma_rmsnorm": gemma_rmsnorm,
     "layernorm": layernorm,
+    "rmsnorm_quant": rmsnorm_quant,
     "silu_and_mul": _act("silu_and_mul", "silu"),
     "gelu_and_mul": _act("gelu_and_mul", "gelu"),
     "gelu_tanh_and_mul": _act("gelu_tanh_and_mul", "gelu_tanh"),
