@@ -113,12 +113,16 @@ def _fp8_out(out: Any) -> Tuple[Any, int]:
 
 
 def _scale(scale: Any) -> Tuple[Any, float]:
-    """(DLPack of a 1-element float32 tensor, 0.0) or (None, the float)."""
+    """(DLPack of a 1-element float32 device tensor, 0.0) or (None, the float): a Python number
+    or a 1-element host tensor / array is passed by value (reading it needs no synchronisation)."""
     if isinstance(scale, (int, float)) and not isinstance(scale, bool):
         return None, float(scale)
     numel = scale.numel() if callable(getattr(scale, "numel", None)) else getattr(scale, "size", None)
     if numel != 1:
         raise ValueError("scale must be a scalar tensor")
+    device = getattr(scale, "device", "cpu")
+    if getattr(device, "type", device) == "cpu":  # torch CPU tensors and numpy arrays
+        return None, float(scale.reshape(-1)[0])
     if str(scale.dtype).rsplit(".", 1)[-1] != "float32":
         scale = scale.float() if hasattr(scale, "float") else scale.astype("float32")
     return to_dlpack(scale, "scale"), 0.0

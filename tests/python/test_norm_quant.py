@@ -64,7 +64,9 @@ def fp8_out(n, hidden, fp8, strided):
 
 
 def as_scale(s, form):
-    return torch.tensor(s, dtype=torch.float32, device=CUDA) if form == "tensor" else s
+    if form == "tensor":  # read by the kernel on the device
+        return torch.tensor(s, dtype=torch.float32, device=CUDA)
+    return torch.tensor(s) if form == "cpu" else s  # (a CPU tensor is passed by value)
 
 
 CASES = grid((torch.float16, torch.bfloat16), FP8, (111, 1024, 4096, 16384), (1, 19, 99))
@@ -84,7 +86,7 @@ def test_rmsnorm_quant(dtype, fp8, hidden, n, scale, form):
 
 
 @pytest.mark.parametrize("dtype, fp8, hidden, n", CASES)
-@pytest.mark.parametrize("scale, form", [(0.01, "float"), (1.0, "tensor")])
+@pytest.mark.parametrize("scale, form", [(0.01, "float"), (1.0, "tensor"), (0.25, "cpu")])
 def test_fused_add_rmsnorm_quant(dtype, fp8, hidden, n, scale, form):
     x = rows(n, hidden, dtype, False)
     res = torch.randn(n, hidden, dtype=dtype, device=CUDA)

@@ -495,6 +495,18 @@ def test_quant_scale_is_checked(scale, match):
         flashinfer.rmsnorm_quant(out, x, w, scale)
 
 
+def test_quant_scale_on_the_host_is_taken_by_value():
+    """A 1-element CPU tensor (or numpy array) is read on the host: a zero one is refused like
+    the float 0.0, a valid one gets as far as the device check."""
+    x, w, out = _quant_args()
+    for zero in (torch.tensor(0.0), np.zeros(1, np.float32)):
+        with pytest.raises(ValueError, match="scale must be a finite nonzero number"):
+            flashinfer.rmsnorm_quant(out, x, w, zero)
+    for ok in (torch.tensor([2.0], dtype=torch.float64), np.float32(2.0), np.ones((1, 1))):
+        with pytest.raises(ValueError, match="CUDA"):
+            flashinfer.rmsnorm_quant(out, x, w, ok)
+
+
 def test_quant_shapes_dtypes_and_overlap_are_checked():
     x, w, out = _quant_args()
     with pytest.raises(ValueError, match=r"rmsnorm_quant: out"):
