@@ -542,7 +542,8 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     scale *= (q_scale if q_scale is not None else 1.0) * (k_scale if k_scale is not None else 1.0)
     dl = fw.to_dlpack
     _decode.single_decode(dl(q), to_dlpack(k, "k"), to_dlpack(v, "v"), dl(out), None if lse is None else dl(lse),
-                          None if partial is None else dl(partial), layout, chunk, chunks, pos, -1 if window_left is None else int(window_left), scale,
+                          None if partial is None else dl(partial), layout, chunk, chunks, pos,
+                          -1 if window_left is None else int(window_left), scale,
                           _soft_cap(logits_soft_cap),
                           1.0 if rope_scale is None else float(rope_scale),
                           1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True,

@@ -66,7 +66,6 @@ struct DecodeParams {
 // (decode_cc.cuh).
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMaxGroup = 8;  // q heads per CTA (larger groups split into sub-groups)
-constexpr int kDecodeMaxHeadDim = 512;
 
 // Lanes of a CUDA-core key group at head_dim D: one warp at most.
 FLASHINFER_HOST_DEVICE constexpr int decode_cc_lanes(int head_dim) { return head_dim / 8 < 32 ? head_dim / 8 : 32; }
@@ -81,8 +80,9 @@ FLASHINFER_HOST_DEVICE constexpr int decode_sub_groups(int group_size, int head_
 }
 
 // Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
-// (ROPE_LLAMA) and head_dims 256 and 512 (128 or 256 fp32 accumulators per thread would
-// spill), which stay on the CUDA-core kernel.
+// (ROPE_LLAMA) and head_dims 256 and 512, which stay on the CUDA-core kernel (the tensor-core
+// kernel is built for 64 and 128: its O^T accumulators and q fragments would take 96 / 192
+// registers per thread at 256 / 512).
 inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim) {
   return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
 }
