@@ -57,7 +57,7 @@ constexpr int kMaxActStages = 8;
 template <typename T, ActKind kKind>
 __global__ void ActAndMulPipelinedKernel(const ActParams<T> p, const int64_t chunks_per_row, const int stages) {
   constexpr int kVec = 16 / sizeof(T);
-  extern __shared__ uint4 slots[];
+  FLASHINFER_EXTERN_SHARED uint4 slots[];
   const int t = threadIdx.x, nt = blockDim.x;
   const int64_t nvec = p.hidden / kVec;
   const int64_t tiles = p.rows * chunks_per_row;

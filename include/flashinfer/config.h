@@ -24,6 +24,13 @@
 #define FLASHINFER_HD_UNROLL
 #endif
 
+// Dynamic shared memory is declared `FLASHINFER_EXTERN_SHARED uint4 smem[];`: the CPU kernel
+// emulator (tests/cpp/emu) redefines it as a plain extern array, while it gives every static
+// __shared__ variable one copy per block.
+#ifndef FLASHINFER_EXTERN_SHARED
+#define FLASHINFER_EXTERN_SHARED extern __shared__
+#endif
+
 namespace flashinfer {
 
 // ceil(a / b) for positive integers, usable on host and device.

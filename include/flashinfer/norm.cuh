@@ -347,7 +347,7 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
   constexpr int kE = kVecElems<T>;
   constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
   constexpr int kInputs = kFused ? 2 : 1;
-  extern __shared__ uint4 slots[];
+  FLASHINFER_EXTERN_SHARED uint4 slots[];
   __shared__ float red[32];
   const int t = threadIdx.x, nt = blockDim.x;
   const int64_t nvec = p.hidden / kE;

@@ -17,7 +17,7 @@ namespace blk {
 
 // Dynamic shared memory of every sampling kernel, laid out by ScanLayout: this scratch at 0,
 // then the row cache, the mass tables and the candidate list.
-extern __shared__ __align__(16) unsigned char sampling_smem[];
+FLASHINFER_EXTERN_SHARED __align__(16) unsigned char sampling_smem[];
 
 // Reduction scratch, plus a slot to broadcast one picked element.
 struct Scratch {

@@ -159,7 +159,7 @@ template <typename T, int kVecs>
 __global__ void __launch_bounds__(kMergeThreads) MergeStatesPipelinedKernel(const MergeStatesParams<T> p,
                                                                             const MergeShape l, const int stages) {
   using V = detail::Pack<T, 8>;
-  extern __shared__ uint4 slots[];
+  FLASHINFER_EXTERN_SHARED uint4 slots[];
   const int t = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
   float* lse_slots = reinterpret_cast<float*>(slots + stages * kVecs * nt);
   const int g = t >> l.group_log2;

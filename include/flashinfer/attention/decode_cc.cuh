@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
   constexpr int kStageVecs = 2 * kSlotVecs + kTy * kN / 2;
   static_assert(kN % 4 == 0, "scores are read back as float4");
   static_assert(decode_cc_stage_bytes(kHeadDim, kG) == int64_t{kStageVecs} * 16, "stage layout");
-  extern __shared__ uint4 smem[];
+  FLASHINFER_EXTERN_SHARED uint4 smem[];
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
   constexpr bool rope = kRope;
   const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
   constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, kCopy);
   constexpr int kPitch = static_cast<int>(decode_tc_row_bytes(kHeadDim, kCopy));
   constexpr uint32_t kRowBytes = kHeadDim * 2;
-  extern __shared__ uint4 smem_u4[];
+  FLASHINFER_EXTERN_SHARED uint4 smem_u4[];
   __shared__ __align__(16) T sP[kTcWarps * kDecodeMaxGroup * 16];
   __shared__ __align__(8) uint64_t bars[kBulk ? kTcMaxStages : 1];
   // Byte offset of 16-byte chunk `c` of key row `r` in a K or V tile. Boxes: the tile is two

@@ -5,8 +5,10 @@
 // DEADLOCK. Covers what the sampling and decode kernels use: threadIdx/blockIdx, dynamic shared
 // memory (flashinfer::sampling::blk::sampling_smem; the decode test defines
 // flashinfer::attention::smem), __shfl_xor_sync, __shfl_up_sync, __syncthreads, __syncwarp
-// (a warp barrier), atomicAdd; cp_async_emulated.h adds cp.async. Not emulated: static
-// __shared__ variables (__shared__ is empty, so each thread gets its own copy).
+// (a warp barrier), atomicAdd; cp_async_emulated.h adds cp.async. Static __shared__ variables
+// are C++ statics: one copy, which is one per block because blocks run one at a time (a block
+// must not rely on their initial contents, as on the GPU); FLASHINFER_EXTERN_SHARED (dynamic
+// shared memory) is a plain extern array the test defines.
 // Include before any flashinfer header; compile with g++ -std=c++17 -I<cuda>/include, link
 // cudart_static (the launchers' host calls are compiled, never run).
 #pragma once
@@ -43,7 +45,8 @@
 #define __global__
 #define __device__
 #define __host__
-#define __shared__
+#define __shared__ static
+#define FLASHINFER_EXTERN_SHARED extern
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __grid_constant__
@@ -122,6 +125,7 @@ T __ldcg(const T* p) { return *p; }
 template <class T>
 void __stcs(T* p, T v) { *p = v; }
 inline void __threadfence() {}
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }  // (the GPU's is within 2 ulp of this)
 inline int atomicAdd(int* p, int v) { const int o = *p; *p += v; return o; }  // (blocks run one at a time)
 template <class T>
 cudaError_t cudaFuncSetAttribute(T*, cudaFuncAttribute, int) { return cudaSuccess; }

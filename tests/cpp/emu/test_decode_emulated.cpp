@@ -1,10 +1,11 @@
 // The CUDA-core decode kernel DecodeCCKernel (decode_cc.cuh) run on the CPU by cuda_emulator.h
-// against a float64 reference: head_dim 64/128/256/512, group sizes 1/2/3/4/8/12 (padded buckets,
-// sub-groups of 8, or 4 at head_dim 512), page sizes 1/5/7/16 and contiguous KV, NHD/HND strides, ragged and empty
-// requests, split items (explicit and implicit) folded by DecodeMergeKernel, RoPE / ALiBi / soft
-// cap / sliding window, LSE, 2, 3 and 4 stages, f16 and bf16. cp.async is emulated by
-// cp_async_emulated.h (copies land at the latest legal time, so a slot reused too early shows
-// up). Not covered: the in-kernel merge (merge_counters; static __shared__ is not emulated).
+// against a float64 reference: head_dim 64/128/256/512, group sizes 1/2/3/4/8/12 (padded
+// buckets; sub-groups of 8, or 4 at head_dim 512), page sizes 1/5/7/16 and contiguous KV,
+// NHD/HND strides, ragged and empty requests, split items (explicit and implicit) folded by
+// DecodeMergeKernel or by the in-kernel merge (merge_counters: the CTA that writes a request's
+// last partial state merges them and resets its counter), RoPE / ALiBi / soft cap / sliding
+// window, LSE, 2, 3 and 4 stages, f16 and bf16. cp.async is emulated by cp_async_emulated.h
+// (copies land at the latest legal time, so a slot reused too early shows up).
 // Run: cmake -DFLASHINFER_BUILD_TESTS=ON -DFLASHINFER_BUILD_EMU_TESTS=ON, then `ctest -L emu`,
 // or without CMake tests/cpp/emu/run_emulated.sh decode; ~1 s.
 #include "cuda_emulator.h"
@@ -42,6 +43,7 @@ struct Case {
   bool hnd;
   int stages;
   int grid;
+  bool in_kernel_merge = false;  // explicit split items merged by their last CTA (merge_counters)
 };
 
 int failures = 0;
@@ -147,7 +149,8 @@ void run_case(const Case& c, uint64_t seed) {
   }
   p.partial_o = po.data();
   p.partial_lse = plse.data();
-  p.merge_counters = nullptr;
+  std::vector<int32_t> counters(size_t(B) * units, 0);
+  p.merge_counters = c.in_kernel_merge && p.items ? counters.data() : nullptr;
   p.batch_size = B;
   p.num_qo_heads = H;
   p.num_kv_heads = KH;
@@ -178,7 +181,7 @@ void run_case(const Case& c, uint64_t seed) {
     } else {
       emu::launch(DecodeCCKernel<T, kD, kG, false>, grid, threads, size_t(smem), p, c.stages);
     }
-    emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
+    if (!p.merge_counters) emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
   };
   auto by_g = [&](auto hd) {
     switch (bucket) {
@@ -261,6 +264,8 @@ void run_case(const Case& c, uint64_t seed) {
       }
     }
   }
+  for (int32_t v : counters)
+    if (v != 0) bad = true;  // the merging CTA resets its counter (CUDA-graph replays reuse them)
   std::printf("%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d: "
               "max|do|=%.2e max|dlse|=%.2e %s\n",
               sizeof(T) == 2 && std::is_same<T, __half>::value ? "f16" : "bf16", D, c.group, KH,
@@ -302,6 +307,11 @@ int main() {
       {512, 2, 1, 7, {61}, 0, R, 0.f, 20, true, 2, 2},             // RoPE, window, HND
       {512, 12, 1, 0, {150}, 40, N, 0.f, -1, false, 2, 4},         // implicit split, 3 sub-groups
       {512, 3, 1, 1, {45, 9}, 0, N, 0.f, -1, false, 3, 2},
+      // the in-kernel merge of split requests (merge_counters), one, two and three sub-groups
+      {128, 4, 2, 16, {300, 1, 0, 129}, 64, N, 0.f, -1, false, 2, 5, true},
+      {128, 12, 1, 5, {200, 70}, 32, A, 20.f, -1, true, 3, 3, true},
+      {512, 8, 1, 16, {150, 20}, 64, R, 0.f, -1, false, 2, 4, true},
+      {64, 1, 2, 7, {90}, 16, N, 0.f, 40, false, 2, 7, true},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) run_case<__half>(c, seed++);
