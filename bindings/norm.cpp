@@ -151,14 +151,15 @@ void check_quant_out(const fb::Checker& c, const MutTensor& out, const MutTensor
   c.last_contiguous(out, "out");
 }
 
-// The fp8 output against an input of another element size: no shared byte.
-void check_quant_apart(const fb::Checker& c, const MutTensor& out, const flashinfer::RowLayout& lo,
-                       const MutTensor& in, const char* in_name, const flashinfer::RowLayout& li, int64_t rows,
+// Two [rows, hidden] tensors, of any element sizes, one of which the kernel writes while the
+// other is read: no shared byte.
+void check_quant_apart(const fb::Checker& c, const MutTensor& a, const char* a_name, const flashinfer::RowLayout& la,
+                       const MutTensor& b, const char* b_name, const flashinfer::RowLayout& lb, int64_t rows,
                        int64_t hidden) {
-  const int64_t e = static_cast<int64_t>(in.itemsize());
-  if (flashinfer::tensors_intersect(fb::in_bytes(lo, 1), rows, hidden, fb::in_bytes(li, e), rows, hidden * e,
-                                    fb::byte_delta(out, in)))
-    fb::fail(std::string(c.op) + ": out must not overlap " + in_name + " in memory");
+  const int64_t ea = static_cast<int64_t>(a.itemsize()), eb = static_cast<int64_t>(b.itemsize());
+  if (flashinfer::tensors_intersect(fb::in_bytes(la, ea), rows, hidden * ea, fb::in_bytes(lb, eb), rows, hidden * eb,
+                                    fb::byte_delta(a, b)))
+    fb::fail(std::string(c.op) + ": " + a_name + " must not overlap " + b_name + " in memory");
 }
 
 // The scale: a 1-element float32 tensor on the input's device (read by the kernel), or a float.
@@ -193,19 +194,15 @@ void rmsnorm_quant(const char* op, MutTensor out, MutTensor input, std::optional
   const flashinfer::RowLayout out_l = c.rows(out, "out", &n);
   flashinfer::RowLayout res_l;
   c.rows_disjoint(out, "out", out_l, rows, hidden);
-  check_quant_apart(c, out, out_l, input, "input", in_l, rows, hidden);
+  check_quant_apart(c, out, "out", out_l, input, "input", in_l, rows, hidden);
   if (residual) {
     c.same_shape(*residual, "residual", input, "input");
     c.dtype_is(*residual, "residual", dt);
     c.last_contiguous(*residual, "residual");
     res_l = c.rows(*residual, "residual", &n);
     c.rows_disjoint(*residual, "residual", res_l, rows, hidden);  // written
-    // residual is written while input is read (by other threads too): no shared byte
-    const int64_t e = static_cast<int64_t>(input.itemsize());
-    if (flashinfer::tensors_intersect(fb::in_bytes(res_l, e), rows, hidden * e, fb::in_bytes(in_l, e), rows,
-                                      hidden * e, fb::byte_delta(*residual, input)))
-      fb::fail(std::string(op) + ": residual must not overlap input in memory");
-    check_quant_apart(c, out, out_l, *residual, "residual", res_l, rows, hidden);
+    check_quant_apart(c, *residual, "residual", res_l, input, "input", in_l, rows, hidden);
+    check_quant_apart(c, out, "out", out_l, *residual, "residual", res_l, rows, hidden);
   }
   const float* scale_p = quant_scale(c, scale_t, scale);
   const int dev = residual ? c.cuda_device({{&out, "out"}, {&input, "input"}, {&*residual, "residual"},
@@ -249,7 +246,7 @@ void layernorm_quant(MutTensor out, MutTensor input, MutTensor gemma, MutTensor 
   const flashinfer::RowLayout in_l = c.rows(input, "input", &rows);
   const flashinfer::RowLayout out_l = c.rows(out, "out", &n);
   c.rows_disjoint(out, "out", out_l, rows, hidden);
-  check_quant_apart(c, out, out_l, input, "input", in_l, rows, hidden);
+  check_quant_apart(c, out, "out", out_l, input, "input", in_l, rows, hidden);
   const float* scale_p = quant_scale(c, scale_t, scale);
   const int dev = c.cuda_device({{&out, "out"}, {&input, "input"}, {&gemma, "gemma"}, {&beta, "beta"}});
   if (scale_t) c.cuda_device({{&input, "input"}, {&*scale_t, "scale"}});

@@ -226,9 +226,7 @@ cudaError_t ActAndMul(const ActParams<T>& p, ActKind kind, cudaStream_t stream) 
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   constexpr int kE = 16 / sizeof(T);
-  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const bool aligned16 = aligned(p.input) && aligned(p.out) && p.in_rows.strides_multiple_of(kE) &&
-                         p.out_rows.strides_multiple_of(kE);
+  const bool aligned16 = p.in_rows.rows_aligned(p.input, kE, 16) && p.out_rows.rows_aligned(p.out, kE, 16);
   const ActShape l = act_shape(p.hidden, kE, aligned16);
   switch (kind) {
     case ActKind::kSilu: return ActAndMulDispatched<ActKind::kSilu>(p, l, stream);

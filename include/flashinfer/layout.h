@@ -23,6 +23,11 @@ struct RowLayout {
   FLASHINFER_HOST_DEVICE bool strides_multiple_of(int64_t elems) const {
     return stride_outer % elems == 0 && stride_inner % elems == 0;
   }
+  // True when every row of a tensor based at `base` starts on a `bytes`-byte boundary, `elems`
+  // elements being `bytes` bytes (the vectorised kernels' condition: 16-byte vectors).
+  bool rows_aligned(const void* base, int64_t elems, uintptr_t bytes) const {
+    return reinterpret_cast<uintptr_t>(base) % bytes == 0 && strides_multiple_of(elems);
+  }
 };
 
 // Collapses leading dims (all but the last) of a tensor with `ndim` dims into a RowLayout.

@@ -552,10 +552,9 @@ cudaError_t Norm(const NormParams<T, WT>& p, NormKind kind, cudaStream_t stream)
   if (p.rows == 0) return cudaSuccess;
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   constexpr int kE = kVecElems<T>;
-  bool aligned16 = aligned(p.input) && aligned(p.out) && aligned(p.weight) &&
-                   p.in_rows.strides_multiple_of(kE) && p.out_rows.strides_multiple_of(kE);
-  if (kind == NormKind::kFusedAddRMS)
-    aligned16 = aligned16 && aligned(p.residual) && p.res_rows.strides_multiple_of(kE);
+  bool aligned16 = p.in_rows.rows_aligned(p.input, kE, 16) && p.out_rows.rows_aligned(p.out, kE, 16) &&
+                   aligned(p.weight);
+  if (kind == NormKind::kFusedAddRMS) aligned16 = aligned16 && p.res_rows.rows_aligned(p.residual, kE, 16);
   if (kind == NormKind::kLayer) aligned16 = aligned16 && aligned(p.bias);
   NormTuning tuning = norm_tuning();
   const bool full_set = kind == NormKind::kRMS ? kRowsFullSet<NormKind::kRMS, T, WT>

@@ -139,11 +139,11 @@ __global__ void __launch_bounds__(kNormQuantThreads) NormQuantKernel(const NormQ
 // Whether every row of the call can take 16-byte input vectors (and 8-byte fp8 stores).
 template <typename T, typename WT>
 bool norm_quant_vectorizable(const NormQuantParams<T, WT>& p) {
-  auto al = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
-  constexpr int64_t kE = 8;
-  bool ok = p.hidden % kE == 0 && al(p.input, 16) && p.in_rows.strides_multiple_of(kE) && al(p.out, 8) &&
-            p.out_rows.strides_multiple_of(kE) && al(p.weight, 16) && (p.bias == nullptr || al(p.bias, 16));
-  if (p.residual) ok = ok && al(p.residual, 16) && p.res_rows.strides_multiple_of(kE);
+  auto al16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  constexpr int64_t kE = 8;  // 16 bytes of input, 8 of fp8 output
+  bool ok = p.hidden % kE == 0 && p.in_rows.rows_aligned(p.input, kE, 16) && p.out_rows.rows_aligned(p.out, kE, 8) &&
+            al16(p.weight) && (p.bias == nullptr || al16(p.bias));
+  if (p.residual) ok = ok && p.res_rows.rows_aligned(p.residual, kE, 16);
   return ok;
 }
 
