@@ -70,6 +70,7 @@ nb::tuple get_tuning() {
 }  // namespace
 
 NB_MODULE(_activation, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer gated activation kernels (DLPack tensors; see flashinfer.activation)";
   auto def = [&](const char* name, ActKind kind) {
     m.def(

@@ -216,6 +216,7 @@ void merge_states(MutTensor v, MutTensor s, MutTensor v_merged, MutTensor s_merg
 }  // namespace
 
 NB_MODULE(_cascade, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer attention-state merging kernels (DLPack tensors; see flashinfer.cascade)";
   m.def("merge_state", &merge_state, "v_a"_a, "s_a"_a, "v_b"_a, "s_b"_a, "v_merged"_a, "s_merged"_a, "stream"_a);
   m.def("merge_state_in_place", &merge_state_in_place, "v"_a, "s"_a, "v_other"_a, "s_other"_a,

@@ -70,7 +70,36 @@ inline std::string stride_str(const MutTensor& t) {
   return s + (t.ndim() == 1 ? ",)" : ")");
 }
 
-[[noreturn]] inline void fail(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+// A bad argument. Python sees flashinfer._ext.ArgumentError, a subclass of both ValueError and
+// RuntimeError (FlashInfer raises either, depending on where its check lives): each module
+// registers the translation at import (register_argument_error).
+struct ArgumentError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] inline void fail(const std::string& msg) { throw ArgumentError(msg); }
+
+inline void register_argument_error() {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ArgumentError& e) {
+      static PyObject* const type = [] {  // looked up once, kept for the process
+        PyObject* t = nullptr;
+        if (PyObject* mod = PyImport_ImportModule("flashinfer._ext")) {
+          t = PyObject_GetAttrString(mod, "ArgumentError");
+          Py_DECREF(mod);
+        }
+        if (!t) {  // (a module loaded outside the package)
+          PyErr_Clear();
+          t = PyExc_ValueError;
+          Py_INCREF(t);
+        }
+        return t;
+      }();
+      PyErr_SetString(type, e.what());
+    }
+  });
+}
 
 // For the overlap checks (layout.h works in bytes): a row layout in elements of `e` bytes as
 // bytes, and how many bytes after a's data b's starts.

@@ -13,6 +13,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 NB_MODULE(_cuda, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer CUDA runtime queries";
   // Number of visible CUDA devices; 0 (not an error) where there is no GPU or driver.
   m.def("device_count", []() {

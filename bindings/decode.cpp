@@ -486,6 +486,7 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
 }  // namespace
 
 NB_MODULE(_decode, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer decode attention (see flashinfer.decode)";
   m.def("plan", &plan, "kv_lens"_a, "page_begins"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
         "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a,

@@ -289,6 +289,7 @@ nb::tuple get_tuning() {
 }  // namespace
 
 NB_MODULE(_norm, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer normalization kernels (DLPack tensors; see flashinfer.norm)";
   m.def(
       "rmsnorm",

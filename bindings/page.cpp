@@ -327,6 +327,7 @@ nb::tuple get_append_tuning() {
 }  // namespace
 
 NB_MODULE(_page, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer paged KV-cache kernels (DLPack tensors; see flashinfer.page)";
   m.def("append_paged_kv_cache", &append_paged_kv_cache, "append_key"_a, "append_value"_a, "batch_indices"_a,
         "positions"_a, "cache_a"_a, "cache_b"_a.none(), "kv_indices"_a, "kv_indptr"_a, "kv_last_page_len"_a,

@@ -332,6 +332,7 @@ void apply_rope_cos_sin_cache(const char* op_name, MutTensor positions, MutTenso
 }  // namespace
 
 NB_MODULE(_rope, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer rotary position embedding kernels (DLPack tensors; see flashinfer.rope)";
   m.def("apply_rope", &apply_rope, "op"_a, "q"_a, "k"_a, "q_rope"_a.none(), "k_rope"_a.none(), "pos_ids"_a.none(),
         "indptr"_a.none(), "offsets"_a.none(), "rotary_dim"_a.none(), "interleave"_a, "rope_scale"_a,

@@ -456,6 +456,7 @@ void top_k(MutTensor input, MutTensor values, MutTensor indices, int64_t k, int 
 }  // namespace
 
 NB_MODULE(_sampling, m) {
+  flashinfer_bind::register_argument_error();
   m.doc() = "flashinfer sorting-free sampling kernels (DLPack tensors; see flashinfer.sampling)";
   m.def("sampling", &sampling, "op"_a, "probs"_a, "out"_a, "valid"_a.none(), "indices"_a.none(), "top_k_arr"_a.none(),
         "top_k"_a, "top_p_arr"_a.none(), "top_p"_a, "min_p_arr"_a.none(), "min_p"_a, "filters"_a, "seed_arr"_a.none(),

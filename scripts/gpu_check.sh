@@ -13,6 +13,7 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 export CUDACXX=${CUDACXX:-$(command -v nvcc)}
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(f'SMs {p.multi_processor_count}, L2 {p.L2_cache_size / 2**20:.0f} MiB')" >> "$OUT/gpu.txt" 2>&1
 
 echo "== build (pip, $JOBS cores, ptxas -v)"
 rm -rf build
@@ -38,7 +39,7 @@ fi
 
 echo
 echo "================ summary ================"
-head -2 "$OUT/gpu.txt" | tail -1
+sed -n '2p;$p' "$OUT/gpu.txt"
 echo "package build: ${build_s}s (rc=$build_rc, $JOBS cores)"
 tail -1 "$OUT/ptxas.txt"
 grep -E "tests passed|tests failed" "$OUT/tests.log" | tail -1

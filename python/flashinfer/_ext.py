@@ -13,7 +13,13 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, Tuple
 
-__all__ = ["framework_of", "to_dlpack", "Framework"]
+__all__ = ["framework_of", "to_dlpack", "Framework", "ArgumentError"]
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument found by the C++ bindings (dtype, shape, device, layout, range). FlashInfer's
+    C++-side checks surface as RuntimeError and its Python-level ones as ValueError; code written
+    for either catches this one (the bindings raise it through common.h's fail())."""
 
 
 class Framework:
@@ -76,7 +82,11 @@ class _CuPy(Framework):
 
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
-        self.empty_like = cupy.empty_like  # type: ignore[assignment]
+
+    # CuPy allocates on the *current* device; outputs belong on the input's.
+    def empty_like(self, x: Any) -> Any:
+        with x.device:
+            return self.cupy.empty_like(x)
 
     def to_dlpack(self, x: Any) -> Any:
         return x.toDlpack()
@@ -89,14 +99,18 @@ class _CuPy(Framework):
                 return self.cupy.cuda.get_current_stream().ptr
 
     def empty(self, shape: Tuple[int, ...], like: Any) -> Any:
-        return self.cupy.empty(shape, dtype=like.dtype)
+        with like.device:
+            return self.cupy.empty(shape, dtype=like.dtype)
 
     def empty_f32(self, shape: Tuple[int, ...], like: Any) -> Any:
         with like.device:
             return self.cupy.empty(shape, dtype=self.cupy.float32)
 
     def as_f32(self, x: Any) -> Any:
-        return x if x.dtype == self.cupy.float32 else x.astype(self.cupy.float32)
+        if x.dtype == self.cupy.float32:
+            return x
+        with x.device:
+            return x.astype(self.cupy.float32)
 
 
 class _NumPy(Framework):

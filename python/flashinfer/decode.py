@@ -473,16 +473,15 @@ def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_
                      kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
                      non_blocking=True, fixed_split_size=None, disable_split_kv=False, q_len_per_req=1,
                      global_override_indptr_cpu=None) -> None:
-    """Module-level plan that engines bind as ``wrapper.plan``; same semantics as ``plan``."""
-    if q_data_type is None:
-        q_data_type = data_type if data_type is not None else "float16"
+    """Module-level plan that engines bind as ``wrapper.plan``; same semantics as ``plan``
+    (``data_type`` fills whichever of ``q_data_type`` / ``kv_data_type`` is None)."""
     if global_override_indptr_cpu is not None:
         indptr = global_override_indptr_cpu
     BatchDecodeWithPagedKVCacheWrapper.plan(
         self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
         pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
-        q_data_type=q_data_type, kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
-        rope_theta=rope_theta, non_blocking=non_blocking, fixed_split_size=fixed_split_size,
+        q_data_type=q_data_type, kv_data_type=kv_data_type, data_type=data_type, sm_scale=sm_scale,
+        rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking, fixed_split_size=fixed_split_size,
         disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
 
 

@@ -423,8 +423,10 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Union[Any, int], top_p: U
 
 
 def _probs_of_logits(fw: Any, logits: Any) -> Any:
-    if fw.name == "torch":  # bit-identical to the torch.softmax a caller would use
-        return fw.torch.softmax(_cast(fw, logits, "float32"), dim=-1)
+    # torch: exactly the spec's torch.softmax(logits), in the logits' dtype (the probs path then
+    # up-casts half-precision probabilities), so both entry points draw the same tokens.
+    if fw.name == "torch":
+        return fw.torch.softmax(logits, dim=-1)
     return softmax(logits)
 
 

@@ -429,6 +429,24 @@ def test_out_and_lse_buffers():
         w.run(q, cache, out=torch.empty(1, 1, 128, dtype=torch.bfloat16, device=CUDA).expand(2, 32, 128))
 
 
+def test_fast_decode_plan_resolves_dtypes_as_plan_does():
+    """Engines bind the module-level fast_decode_plan as wrapper.plan: data_type fills the q and
+    KV dtypes left None, as plan() does."""
+    import types
+
+    hq, hkv, d, ps = 32, 8, 128, 16
+    lens = [700, 33]
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, torch.bfloat16, "NHD")
+    q = torch.randn(len(lens), hq, d, dtype=torch.bfloat16, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=CUDA), "NHD")
+    w.plan = types.MethodType(flashinfer.decode.fast_decode_plan, w)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, data_type=torch.bfloat16)
+    o, lse = w.run(q, cache, return_lse=True)
+    check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
+    with pytest.raises(NotImplementedError, match="q, kv and o dtypes must match"):
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16, data_type=torch.bfloat16)
+
+
 def test_disable_split_kv_is_batch_invariant():
     hq, hkv, d, ps = 32, 8, 128, 16
     lens = [9000, 5, 20000, 0, 300]

@@ -65,6 +65,65 @@ def test_import_loads_no_framework():
     assert result.stdout.strip() == "[]"
 
 
+def test_binding_argument_errors_are_value_and_runtime_errors():
+    """FlashInfer raises ValueError from its Python checks and RuntimeError from its C++ ones;
+    our bindings' checks raise one type that is both, so code written for either catches it."""
+    np = pytest.importorskip("numpy")
+    from flashinfer._ext import ArgumentError
+
+    assert issubclass(ArgumentError, ValueError) and issubclass(ArgumentError, RuntimeError)
+    x = np.zeros((4, 64), np.float16)  # a host array: the binding says it must be on a CUDA device
+    for catch in (ValueError, RuntimeError):
+        with pytest.raises(catch, match="^rmsnorm: input must be a CUDA tensor") as info:
+            flashinfer.rmsnorm(x, np.zeros(64, np.float16))
+        assert type(info.value) is ArgumentError
+
+
+def test_cupy_outputs_are_allocated_on_the_inputs_device():
+    """CuPy allocates on its current device, not the input's: the framework layer enters the
+    input's device for every allocation (a fake CuPy records where each one happens)."""
+    from flashinfer._ext import _CuPy
+
+    log = []
+
+    class Device:
+        def __init__(self, i):
+            self.id = i
+
+        def __enter__(self):
+            log.append(("enter", self.id))
+
+        def __exit__(self, *a):
+            log.append(("exit", self.id))
+
+    class Arr:
+        def __init__(self, dev, dtype="float16"):
+            self.device, self.dtype = Device(dev), dtype
+
+        def astype(self, dtype):
+            log.append(("alloc", "astype"))
+            return Arr(self.device.id, dtype)
+
+    class FakeCuPy:
+        float32 = "float32"
+
+        def empty_like(self, x):
+            log.append(("alloc", "empty_like"))
+            return Arr(x.device.id)
+
+        def empty(self, shape, dtype):
+            log.append(("alloc", "empty"))
+            return Arr(0, dtype)
+
+    fw = _CuPy(FakeCuPy())
+    x = Arr(1)
+    for call in (lambda: fw.empty_like(x), lambda: fw.empty((3,), x), lambda: fw.empty_f32((3,), x),
+                 lambda: fw.as_f32(x)):
+        log.clear()
+        call()
+        assert [e[0] for e in log] == ["enter", "alloc", "exit"] and log[0] == ("enter", 1), log
+
+
 def test_cuda_available_agrees_with_the_runtime():
     from flashinfer import _cuda
 

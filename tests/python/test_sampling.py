@@ -410,10 +410,13 @@ def test_generator_advances_by_the_documented_increment(name):
     assert default.get_offset() - off == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("order", ["joint", "top_k_first"])
-def test_logits_and_probs_entry_points_draw_identically(order):
+def test_logits_and_probs_entry_points_draw_identically(order, dtype):
+    """The spec's identity: from_logits(logits) == from_probs(torch.softmax(logits)) with equal
+    generator states, for half-precision logits too (softmax in their dtype, then up-cast)."""
     batch, vocab = 99, 32000
-    logits = torch.randn(batch, vocab, device=CUDA) * 5
+    logits = (torch.randn(batch, vocab, device=CUDA) * 5).to(dtype)
     g1 = torch.Generator(CUDA)
     g1.manual_seed(3)
     g2 = g1.clone_state()
