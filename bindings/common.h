@@ -21,7 +21,7 @@ namespace nb = nanobind;
 
 using MutTensor = nb::ndarray<>;
 
-enum class DType { kF16, kBF16, kF32, kI32, kI64, kOther };
+enum class DType { kF16, kBF16, kF32, kI32, kI64, kU8, kOther };
 
 inline DType dtype_of(const MutTensor& t) {
   const auto d = t.dtype();
@@ -32,6 +32,7 @@ inline DType dtype_of(const MutTensor& t) {
   if (d.code == uint8_t(C::Bfloat) && d.bits == 16) return DType::kBF16;
   if (d.code == uint8_t(C::Int) && d.bits == 32) return DType::kI32;
   if (d.code == uint8_t(C::Int) && d.bits == 64) return DType::kI64;
+  if (d.code == uint8_t(C::UInt) && d.bits == 8) return DType::kU8;  // (fp8 tensors arrive as their uint8 views)
   return DType::kOther;
 }
 
@@ -54,6 +55,7 @@ inline const char* dtype_str(DType d) {
     case DType::kF32: return "float32";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kU8: return "uint8";
     default: return "other";
   }
 }

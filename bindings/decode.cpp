@@ -18,6 +18,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 using flashinfer::PosEncodingMode;
 using flashinfer::attention::DecodeParams;
+using flashinfer::attention::KVCache;
 using fb::MutTensor;
 
 namespace {
@@ -37,13 +38,20 @@ fb::DType parse_dtype(const std::string& s) {
   fb::fail("decode: dtype must be float16 or bfloat16; got " + s);
 }
 
-int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode, int* num_sms, int stages = 0) {
+// The cache's element type code (KVCache): 0 q's dtype, 1 float8_e4m3fn, 2 float8_e5m2.
+KVCache parse_kv_cache(int code) {
+  if (code < 0 || code > 2) fb::fail("decode: kv cache type code must be 0, 1 or 2; got " + std::to_string(code));
+  return static_cast<KVCache>(code);
+}
+
+int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode, KVCache kv, int* num_sms,
+                int stages = 0) {
   int ctas = 0;
   fb::with_dtype("decode", dt, [&](auto tag) {
     using T = decltype(tag);
     const cudaError_t err = flashinfer::attention::DecodeCtasPerSM<T>(head_dim, group, use_tc,
                                                                       static_cast<PosEncodingMode>(pos_mode), &ctas, num_sms,
-                                                                      stages);
+                                                                      stages, kv);
     if (err != cudaSuccess) fb::throw_cuda("decode plan", err);
   });
   return ctas;
@@ -67,7 +75,7 @@ struct ShapedPlan {
 
 ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64_t>& begins,
                        flashinfer::attention::DecodePlanConfig cfg, fb::DType dt, int head_dim, bool use_tc,
-                       int pos_mode, bool allow_shape, bool allow_wide, int64_t max_partial_states) {
+                       int pos_mode, KVCache kv, bool allow_shape, bool allow_wide, int64_t max_partial_states) {
   using namespace flashinfer::attention;
   static const int64_t deep_keys = [] {
     const char* e = std::getenv("FLASHINFER_DECODE_DEEP");
@@ -77,10 +85,10 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     const char* e = std::getenv("FLASHINFER_DECODE_WIDE");
     return !(e && e[0] == '0' && e[1] == 0);
   }();
-  const bool shaped = allow_shape && decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim);
+  const bool shaped = allow_shape && decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim, kv);
   auto at_depth = [&](int stages) {
     DecodePlanConfig c = cfg;
-    c.ctas_per_sm = ctas_per_sm(dt, head_dim, cfg.group_size, use_tc, pos_mode, &c.num_sms, stages);
+    c.ctas_per_sm = ctas_per_sm(dt, head_dim, cfg.group_size, use_tc, pos_mode, kv, &c.num_sms, stages);
     return c;
   };
   if (shaped && decode_prefers_deep(lens, cfg.num_kv_heads, cfg.num_sms, deep_keys)) {
@@ -134,12 +142,15 @@ struct KVView {
   fb::DType dtype;
 };
 
-KVView kv_view(const fb::Checker& c, MutTensor& a, std::optional<MutTensor>& b, int layout) {
+// fp8: the cache tensors arrive as their uint8 views (the Python layer checks their fp8 dtype).
+KVView kv_view(const fb::Checker& c, MutTensor& a, std::optional<MutTensor>& b, int layout, bool fp8) {
   KVView kv{};
   const bool hnd = layout == 1;
-  auto elem = [](const MutTensor& t, const char* name, const fb::Checker& c) {
+  auto elem = [fp8](const MutTensor& t, const char* name, const fb::Checker& c) {
     c.last_contiguous(t, name);
-    return c.dtype_half(t, name);
+    if (!fp8) return c.dtype_half(t, name);
+    c.dtype_is(t, name, fb::DType::kU8);
+    return fb::DType::kU8;
   };
   if (!b) {  // single tensor: [P, 2, ps, H, D] / [P, 2, H, ps, D], or [P, 2, H, D] (page_size 1)
     c.ndim_in(a, "paged_kv_cache", {4, 5}, "[max_num_pages, 2, page_size, num_kv_heads, head_dim] (NHD), "
@@ -211,7 +222,7 @@ class DecodeRunner {
                uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
                uintptr_t partial_o, uintptr_t partial_lse, uintptr_t merge_counters, bool launch_merge,
                int64_t max_grid, int64_t max_page_index, bool use_tc, int64_t num_items_host, int stages,
-               int64_t kv_keys_host)
+               int64_t kv_keys_host, int kv_cache)
       : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
         hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
         sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
@@ -219,7 +230,8 @@ class DecodeRunner {
         items_(items), num_items_(num_items), merge_(merge), partial_o_(partial_o), partial_lse_(partial_lse),
         counters_(merge_counters),
         launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc),
-        num_items_host_(num_items_host), stages_(stages), kv_keys_host_(kv_keys_host) {
+        num_items_host_(num_items_host), stages_(stages), kv_keys_host_(kv_keys_host),
+        kv_cache_(parse_kv_cache(kv_cache)) {
     check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
   }
 
@@ -235,8 +247,9 @@ class DecodeRunner {
     c.dim_is(q, "q", 1, hq_, "num_qo_heads");
     c.dim_is(q, "q", 2, hd_, "head_dim");
     c.last_contiguous(q, "q");
-    KVView kv = kv_view(c, kv_a, kv_b, layout_);
-    if (kv.dtype != dtype_)
+    const bool fp8 = kv_cache_ != KVCache::kSameAsQ;
+    KVView kv = kv_view(c, kv_a, kv_b, layout_, fp8);
+    if (!fp8 && kv.dtype != dtype_)
       fb::fail(std::string("The dtype of k ") + fb::dtype_str(kv.dtype) + " does not match the kv_data_type " +
                fb::dtype_str(dtype_) + " specified in plan function.");
     if (kv.num_heads != hkv_)
@@ -291,6 +304,7 @@ class DecodeRunner {
       p.kv.batch_size = batch_, p.kv.page_size = page_size_, p.kv.num_heads = hkv_, p.kv.head_dim = hd_;
       p.kv.stride_page = kv.k_page, p.kv.stride_n = kv.k_n, p.kv.stride_h = kv.k_h;
       p.v_stride_page = kv.v_page, p.v_stride_n = kv.v_n, p.v_stride_h = kv.v_h;
+      p.kv_cache = kv_cache_;
       p.num_pages = kv.num_pages;
       p.contiguous_len = -1;
       p.seq_lens = reinterpret_cast<const int32_t*>(seq_lens_);
@@ -336,6 +350,7 @@ class DecodeRunner {
   int64_t num_items_host_;  // > 0: the plan's item count (0 under CUDA graphs: read on the device)
   int stages_;              // > 0: the plan's pipeline depth
   int64_t kv_keys_host_;    // > 0: the plan's total key count (0 under CUDA graphs)
+  KVCache kv_cache_;        // the planned cache element type
 };
 
 // Host planner: kv lengths and page-table starts -> (items [n, 8], merge [batch, 2], partial
@@ -344,7 +359,7 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
                nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> page_begins, int num_qo_heads,
                int num_kv_heads, int head_dim, int64_t page_size, const std::string& dtype, bool disable_split_kv,
                int64_t fixed_split_tokens, bool use_tc, int pos_mode, int device, bool allow_shape,
-               int64_t max_partial_states) {
+               int64_t max_partial_states, int kv_cache) {
   const char* op = "BatchDecodeWithPagedKVCacheWrapper.plan";
   check_head_dim(op, head_dim);
   if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
@@ -352,8 +367,9 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
              ") must be a positive multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
   fb::DeviceGuard guard(op, device);
   const fb::DType dt = parse_dtype(dtype);
+  const KVCache kv = parse_kv_cache(kv_cache);
   flashinfer::attention::DecodePlanConfig cfg;
-  cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, &cfg.num_sms);
+  cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, kv, &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   cfg.max_group_per_cta = flashinfer::attention::decode_max_group(head_dim);
@@ -365,7 +381,7 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   if (page_begins.shape(0) != kv_lens.shape(0))
     fb::fail(std::string(op) + ": page_begins must have one entry per request");
   std::vector<int64_t> begins(page_begins.data(), page_begins.data() + page_begins.shape(0));
-  const ShapedPlan sp = shaped_plan(lens, begins, cfg, dt, head_dim, use_tc, pos_mode, allow_shape, true,
+  const ShapedPlan sp = shaped_plan(lens, begins, cfg, dt, head_dim, use_tc, pos_mode, kv, allow_shape, true,
                                      max_partial_states);
   const auto& pl = sp.plan;
   const size_t n = pl.items.size();
@@ -382,18 +398,19 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
 // Keys per chunk, chunk count and pipeline depth for single decode of kv_len keys (the same
 // planner).
 nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int head_dim, const std::string& dtype,
-                      bool use_tc, int pos_mode, int device) {
+                      bool use_tc, int pos_mode, int device, int kv_cache) {
   const char* op = "single_decode_with_kv_cache";
   check_head_dim(op, head_dim);
   fb::DeviceGuard guard(op, device);
   const fb::DType dt = parse_dtype(dtype);
+  const KVCache kv = parse_kv_cache(kv_cache);
   flashinfer::attention::DecodePlanConfig cfg;
-  cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, &cfg.num_sms);
+  cfg.ctas_per_sm = ctas_per_sm(dt, head_dim, num_qo_heads / num_kv_heads, use_tc, pos_mode, kv, &cfg.num_sms);
   cfg.num_kv_heads = num_kv_heads;
   cfg.group_size = num_qo_heads / num_kv_heads;
   cfg.max_group_per_cta = flashinfer::attention::decode_max_group(head_dim);
   apply_split_knobs(&cfg);
-  const ShapedPlan sp = shaped_plan({kv_len}, {}, cfg, dt, head_dim, use_tc, pos_mode, true, false, -1);
+  const ShapedPlan sp = shaped_plan({kv_len}, {}, cfg, dt, head_dim, use_tc, pos_mode, kv, true, false, -1);
   const int64_t chunks = sp.plan.merge[0].num_chunks;
   const int64_t chunk = chunks > 1 ? (kv_len + chunks - 1) / chunks : (kv_len > 0 ? kv_len : 1);
   return nb::make_tuple(chunk, chunks, sp.stages);
@@ -404,15 +421,18 @@ nb::tuple single_plan(int64_t kv_len, int num_qo_heads, int num_kv_heads, int he
 void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
                    std::optional<MutTensor> partial, int layout,
                    int64_t chunk, int64_t chunks, int pos_mode, int window_left, double sm_scale, double soft_cap,
-                   double rope_scale, double rope_theta, bool use_tc, uintptr_t stream, bool enable_pdl, int stages) {
+                   double rope_scale, double rope_theta, bool use_tc, uintptr_t stream, bool enable_pdl, int stages,
+                   int kv_cache) {
   const fb::Checker c{"single_decode_with_kv_cache"};
   c.ndim_in(q, "q", {2}, "2-D [num_qo_heads, head_dim]");
   const fb::DType dt = c.dtype_half(q, "q");
   c.last_contiguous(q, "q");
   c.ndim_in(k, "k", {3}, layout == 1 ? "3-D [num_kv_heads, kv_len, head_dim] (HND)" : "3-D [kv_len, num_kv_heads, head_dim] (NHD)");
   c.same_shape(v, "v", k, "k");
-  c.dtype_is(k, "k", dt);
-  c.dtype_is(v, "v", dt);
+  const KVCache kvc = parse_kv_cache(kv_cache);
+  const fb::DType kv_dt = kvc == KVCache::kSameAsQ ? dt : fb::DType::kU8;  // (fp8: their uint8 views)
+  c.dtype_is(k, "k", kv_dt);
+  c.dtype_is(v, "v", kv_dt);
   c.last_contiguous(k, "k");
   c.last_contiguous(v, "v");
   const int64_t hq = q.shape(0), hd = q.shape(1);
@@ -461,6 +481,7 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.kv.batch_size = 1, p.kv.page_size = kv.page_size, p.kv.num_heads = hkv, p.kv.head_dim = hd;
     p.kv.stride_page = 0, p.kv.stride_n = kv.k_n, p.kv.stride_h = kv.k_h;
     p.v_stride_page = 0, p.v_stride_n = kv.v_n, p.v_stride_h = kv.v_h;
+    p.kv_cache = kvc;
     p.contiguous_len = kv_len;
     p.o = static_cast<T*>(out.data());
     p.o_stride_n = 0, p.o_stride_h = out.stride(0);
@@ -490,19 +511,19 @@ NB_MODULE(_decode, m) {
   m.doc() = "flashinfer decode attention (see flashinfer.decode)";
   m.def("plan", &plan, "kv_lens"_a, "page_begins"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "page_size"_a, "dtype"_a,
         "disable_split_kv"_a, "fixed_split_tokens"_a, "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a,
-        "allow_shape"_a, "max_partial_states"_a);
+        "allow_shape"_a, "max_partial_states"_a, "kv_cache"_a);
   m.def("sub_groups", &flashinfer::attention::decode_sub_groups, "group_size"_a, "head_dim"_a,
         "q-head sub-groups (CTA work units per KV head) of a GQA group at head_dim");
   m.def("single_plan", &single_plan, "kv_len"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
-        "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a);
+        "use_tensor_cores"_a, "pos_encoding_mode"_a, "device"_a, "kv_cache"_a);
   m.def("single_decode", &single_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "partial"_a.none(),
         "layout"_a, "chunk"_a, "chunks"_a, "pos_encoding_mode"_a, "window_left"_a,
         "sm_scale"_a, "soft_cap"_a, "rope_scale"_a, "rope_theta"_a, "use_tensor_cores"_a, "stream"_a, "enable_pdl"_a,
-        "stages"_a);
+        "stages"_a, "kv_cache"_a);
   nb::class_<DecodeRunner>(m, "DecodeRunner")
       .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int, int64_t>())
+                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int, int64_t, int>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
            "stream"_a, "enable_pdl"_a);
 }

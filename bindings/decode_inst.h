@@ -14,6 +14,6 @@ cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int
 // CTAs of the decode kernel resident per SM on the current device (for the planner).
 template <typename T>
 cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms,
-                            int stages);
+                            int stages, KVCache kv);
 }  // namespace attention
 }  // namespace flashinfer

@@ -1,11 +1,14 @@
-// Vectorised loads/stores of fp16/bf16/fp32 and their conversions to fp32.
+// Vectorised loads/stores of fp16/bf16/fp32 and their conversions to fp32 (and of fp8 cache
+// vectors to fp32).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "config.h"
 
@@ -70,6 +73,28 @@ FLASHINFER_DEVICE Vec<T, 16 / sizeof(T)> load16(const void* p) {
   Vec<T, 16 / sizeof(T)> v;
   memcpy(&v, &u, sizeof(u));
   return v;
+}
+
+// Eight cache elements of type TKV at p (shared memory, aligned to their size: 16 bytes of
+// fp16 / bf16 or 8 of fp8) as floats. fp8 (__nv_fp8_e4m3 / __nv_fp8_e5m2) converts exactly, two
+// at a time through fp16 (a hardware cvt on sm_89+).
+template <typename TKV>
+FLASHINFER_DEVICE void load8_to_float(const void* p, float* f) {
+  if constexpr (sizeof(TKV) == 2) {
+    load16<TKV>(p).to_float(f);
+  } else {
+    static_assert(sizeof(TKV) == 1, "fp16 / bf16 or fp8 cache elements");
+    constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<TKV, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
+    const uint2 u = *static_cast<const uint2*>(p);
+    FLASHINFER_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t w = i < 2 ? u.x : u.y;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> (16 * (i & 1))), kInterp);
+      const float2 v = __half22float2(__half2(h));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
 }
 
 }  // namespace flashinfer

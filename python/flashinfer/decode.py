@@ -48,17 +48,29 @@ def _pos_code(mode: Union[str, int]) -> int:
     return _POS_MODES[name]
 
 
-def _dtype_name(dt: Any, arg: str) -> Optional[str]:
-    """torch.dtype, numpy dtype or string -> 'float16' / 'bfloat16' (None stays None)."""
+# The cache element type codes of the bindings (KVCache): q's dtype, or fp8 values that
+# dequantize by a plain cast (k_scale / v_scale are per-tensor factors of sm_scale / the output).
+_KV_FP8_CODES = {"float8_e4m3fn": 1, "float8_e5m2": 2}
+
+
+def _dtype_name(dt: Any, arg: str, fp8_ok: bool = False) -> Optional[str]:
+    """torch.dtype, numpy dtype or string -> 'float16' / 'bfloat16' (and, for a KV dtype,
+    'float8_e4m3fn' / 'float8_e5m2'); None stays None."""
     if dt is None:
         return None
     name = dt if isinstance(dt, str) else str(dt).replace("torch.", "")
     name = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}.get(name, name)
-    if name in ("float8_e4m3fn", "float8_e5m2"):
-        raise NotImplementedError(f"{arg}={name}: FP8 KV caches are not supported by this build")
+    if fp8_ok and name in _KV_FP8_CODES:
+        return name
     if name not in ("float16", "bfloat16"):
-        raise ValueError(f"{arg} must be float16 or bfloat16; got {dt}")
+        more = ", float8_e4m3fn or float8_e5m2" if fp8_ok else ""
+        raise ValueError(f"{arg} must be float16 or bfloat16{more}; got {dt}")
     return name
+
+
+def _fp8_kv_code(t: Any) -> int:
+    """0 for an fp16 / bf16 cache tensor, else its fp8 code (_KV_FP8_CODES)."""
+    return _KV_FP8_CODES.get(str(getattr(t, "dtype", "")).replace("torch.", ""), 0)
 
 
 def _host_ints(x: Any, name: str) -> np.ndarray:
@@ -267,10 +279,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if kv_data_type is None:
                 kv_data_type = data_type
         q_name = _dtype_name(q_data_type if q_data_type is not None else "float16", "q_data_type")
-        kv_name = _dtype_name(kv_data_type, "kv_data_type") or q_name
+        kv_name = _dtype_name(kv_data_type, "kv_data_type", fp8_ok=True) or q_name
         o_name = _dtype_name(o_data_type, "o_data_type") or q_name
-        if kv_name != q_name or o_name != q_name:
-            raise NotImplementedError(f"q, kv and o dtypes must match (got q={q_name}, kv={kv_name}, o={o_name})")
+        kv_code = _KV_FP8_CODES.get(kv_name, 0)
+        if (kv_code == 0 and kv_name != q_name) or o_name != q_name:
+            raise NotImplementedError(f"q and o dtypes must match, and kv must match them or be fp8 (got q={q_name}, "
+                                      f"kv={kv_name}, o={o_name})")
         window_left = -1 if window_left is None else int(window_left)
         soft_cap = _soft_cap(logits_soft_cap)
         sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
@@ -308,7 +322,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             num_qo_heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
             self.device.index or 0, not self._use_cuda_graph,
-            (have_f // 2) // 16 * 16 // max(1, num_qo_heads * head_dim * 4))  # partial states that fit
+            (have_f // 2) // 16 * 16 // max(1, num_qo_heads * head_dim * 4),  # partial states that fit
+            kv_code)
         need_f = n_partial * num_qo_heads * (head_dim + 1) * 4
         if need_f > have_f:
             raise ValueError(f"float_workspace_buffer is too small: this plan needs {need_f} bytes; got {have_f}")
@@ -369,7 +384,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
             base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
             self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages,
-            0 if self._use_cuda_graph else total_keys)
+            0 if self._use_cuda_graph else total_keys, kv_code)
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._head_dim = head_dim
@@ -381,6 +396,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._rope_theta = rope_theta
         self._cached_q_data_type = getattr(torch, q_name)
         self._cached_kv_data_type = getattr(torch, kv_name)
+        self._kv_fp8 = self._cached_kv_data_type if kv_code else None  # run() checks and views fp8 caches
         self._cached_o_data_type = getattr(torch, o_name)
         self._page_size = int(page_size)
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
@@ -412,6 +428,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if q_len_per_req != 1:
                 raise ValueError(f"q_len_per_req must be 1 for this plan; got {q_len_per_req}")
         dl = self._to_dlpack
+        if self._kv_fp8 is not None:  # the binding takes fp8 caches as their uint8 views
+            dl = self._fp8_cache_view
         if type(paged_kv_cache) is tuple or isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
@@ -420,6 +438,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             kv_a, kv_b = dl(paged_kv_cache), None
         else:
             raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
+        dl = self._to_dlpack
         if out is None:
             out = self._empty_like(q)  # (a given out is checked by the binding: shape, dtype, device)
         if return_lse and lse is None:
@@ -434,6 +453,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if v_scale is not None and v_scale != 1:
             out.mul_(v_scale)
         return (out, lse) if return_lse else out
+
+    def _fp8_cache_view(self, t: Any) -> Any:
+        if getattr(t, "dtype", None) != self._kv_fp8:
+            raise ValueError(f"The dtype of k {getattr(t, 'dtype', type(t))} does not match the kv_data_type "
+                             f"{self._kv_fp8} specified in plan function.")
+        return self._to_dlpack(t.view(_torch().uint8))
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -525,13 +550,20 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     dev = q.device.index if hasattr(q.device, "index") else q.device.id
     if dev is None or dev < 0:
         dev = 0
-    key = (kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev, bool(use_tensor_cores), pos)
+    kv_code = _fp8_kv_code(k)
+    if kv_code:  # fp8 K and V (both of one format), taken by the binding as their uint8 views
+        if v.dtype != k.dtype:
+            raise ValueError(f"single_decode_with_kv_cache: k and v must have the same dtype; got {k.dtype} and "
+                             f"{v.dtype}")
+        u8 = _torch().uint8
+        k, v = k.view(u8), v.view(u8)
+    key = (kv_len, num_qo_heads, num_kv_heads, head_dim, dtype, dev, bool(use_tensor_cores), pos, kv_code)
     chunking = _SINGLE_PLAN_CACHE.get(key)
     if chunking is None:
         if dtype not in ("float16", "bfloat16"):
             raise ValueError(f"single_decode_with_kv_cache: q.dtype must be float16 or bfloat16; got {dtype}")
         chunking = _remember_single_plan(key, _decode.single_plan(kv_len, num_qo_heads, num_kv_heads, head_dim,
-                                                                  dtype, bool(use_tensor_cores), pos, dev))
+                                                                  dtype, bool(use_tensor_cores), pos, dev, kv_code))
     chunk, chunks, stages = chunking
     out = fw.empty_like(q)
     lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
@@ -546,7 +578,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
                           _soft_cap(logits_soft_cap),
                           1.0 if rope_scale is None else float(rope_scale),
                           1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True,
-                          stages)
+                          stages, kv_code)
     if v_scale is not None and v_scale != 1:
         out = out * v_scale
     return (out, lse) if return_lse else out

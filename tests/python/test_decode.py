@@ -177,7 +177,7 @@ def _planned_stages(lens, page_size=16, hq=32, hkv=8, d=128):
     pages = [-(-n // page_size) for n in lens]
     begins = np.cumsum([0] + pages[:-1]).astype(np.int64)
     out = _decode.plan(np.asarray(lens, np.int64), begins, hq, hkv, d, page_size, "bfloat16", False, 0, True, 0,
-                       torch.cuda.current_device(), True, -1)
+                       torch.cuda.current_device(), True, -1, 0)
     return out[6], out[5]
 
 
@@ -190,7 +190,7 @@ def test_plan_total_keys():
     pages = [-(-n // 16) for n in lens]
     begins = np.cumsum([0] + pages[:-1]).astype(np.int64)
     out = _decode.plan(np.asarray(lens, np.int64), begins, 32, 8, 128, 16, "bfloat16", False, 0, True, 0,
-                       torch.cuda.current_device(), True, -1)
+                       torch.cuda.current_device(), True, -1, 0)
     assert out[7] == sum(lens)
 
 
@@ -429,6 +429,102 @@ def test_out_and_lse_buffers():
         w.run(q, cache, out=torch.empty(1, 1, 128, dtype=torch.bfloat16, device=CUDA).expand(2, 32, 128))
 
 
+# ---- fp8 KV caches (spec 8.3): dequantized by a plain cast; k_scale folds into sm_scale, v_scale
+# scales the output. Both tensor-core settings (use_tensor_cores=True runs the CUDA-core kernel).
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_CASES = [  # (batch, kv_len, page_size, hq, hkv, head_dim, q dtype, layout, use_tc, pos, fp8)
+    (7, 2048, 16, 32, 8, 128, B, "NHD", False, "NONE", "e4m3"),
+    (7, 2048, 16, 32, 8, 128, H, "HND", True, "NONE", "e5m2"),
+    (1, 16384, 16, 32, 8, 128, B, "NHD", True, "NONE", "e4m3"),  # split-KV
+    (12, 511, 1, 4, 4, 128, H, "NHD", False, "ROPE_LLAMA", "e4m3"),  # page 1, MHA, RoPE
+    (17, 97, 8, 32, 4, 256, H, "NHD", False, "NONE", "e5m2"),
+    (7, 2048, 5, 32, 4, 64, B, "HND", True, "ROPE_LLAMA", "e5m2"),
+    (7, 2048, 16, 32, 4, 512, B, "NHD", False, "NONE", "e4m3"),  # 16 features per lane, 2 sub-groups
+    (64, 54, 16, 32, 32, 128, H, "NHD", False, "NONE", "e4m3"),
+]
+
+
+def _fp8_cache(lens, ps, hkv, d, layout, fp8):
+    """A random paged cache stored in fp8, and its exactly dequantized float32 copy."""
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, torch.float32, layout)
+    k8, v8 = k.to(FP8[fp8]), v.to(FP8[fp8])
+    return (k8, v8), (k8.float(), v8.float(), indptr, indices, last)
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "b{}-kv{}-ps{}-h{}/{}-d{}-{}-{}-tc{}-{}-{}".format(
+    c[0], c[1], c[2], c[3], c[4], c[5], str(c[6])[6:], c[7], int(c[8]), c[9], c[10]))
+def test_fp8_kv_batch_decode(case):
+    batch, kv_len, ps, hq, hkv, d, dtype, layout, use_tc, pos, fp8 = case
+    lens = ragged(batch, kv_len)
+    cache, deq = _fp8_cache(lens, ps, hkv, d, layout, fp8)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=CUDA), layout,
+                                                      use_tensor_cores=use_tc)
+    indptr, indices, last = deq[2:]
+    w.plan(indptr, indices, last, hq, hkv, d, ps, pos_encoding_mode=pos, q_data_type=dtype, kv_data_type=FP8[fp8])
+    q = torch.randn(batch, hq, d, dtype=dtype, device=CUDA)
+    k_scale, v_scale = 0.75, 1.5
+    o, lse = w.run(q, cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+    assert o.dtype == dtype and o.shape == q.shape
+    sm_scale = k_scale / math.sqrt(d)
+    for b in range(batch):
+        kb, vb = gather_pages(deq[0], deq[1], layout, indptr, indices, last, b)
+        ro, rl = decode_one(q[b], kb, vb, sm_scale=sm_scale, pos_encoding_mode=pos)
+        if kb.shape[0] == 0:
+            assert torch.equal(o[b].float(), torch.zeros_like(o[b].float()))
+        else:
+            assert_attention_close(o[b], ro * v_scale, f"o[{b}]")
+        assert_lse_close(lse[b], rl, f"lse[{b}]")
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("kv_len,layout,use_tc", [(15, "NHD", False), (4096, "HND", True), (32768, "NHD", False)])
+def test_fp8_kv_single_decode(fp8, kv_len, layout, use_tc):
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(hq, d, dtype=torch.bfloat16, device=CUDA)
+    shape = (kv_len, hkv, d) if layout == "NHD" else (hkv, kv_len, d)
+    k, v = torch.randn(shape, device=CUDA).to(FP8[fp8]), torch.randn(shape, device=CUDA).to(FP8[fp8])
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, layout, use_tensor_cores=use_tc, k_scale=2.0,
+                                                    return_lse=True)
+    kk, vv = (k.float(), v.float()) if layout == "NHD" else (k.float().transpose(0, 1), v.float().transpose(0, 1))
+    ro, rl = decode_one(q, kk, vv, sm_scale=2.0 / math.sqrt(d))
+    assert_attention_close(o, ro)
+    assert_lse_close(lse, rl)
+
+
+def test_fp8_kv_equals_half_precision_on_the_dequantized_cache():
+    """fp8 is a subset of fp16: decoding the fp8 cache and its exact fp16 copy must agree to
+    rounding (the two runs differ only in how the kernel reads the cache)."""
+    lens = [3000, 1, 0, 700]
+    cache, deq = _fp8_cache(lens, 16, 8, 128, "NHD", "e4m3")
+    indptr, indices, last = deq[2:]
+    q = torch.randn(len(lens), 32, 128, dtype=torch.float16, device=CUDA)
+    outs = []
+    for kv in (cache, (deq[0].half(), deq[1].half())):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA))
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.float16, kv_data_type=kv[0].dtype,
+               disable_split_kv=True)
+        outs.append(w.run(q, kv))
+    assert (outs[0].float() - outs[1].float()).abs().max().item() <= 2e-3
+
+
+def test_fp8_kv_validation():
+    lens = [100]
+    cache, deq = _fp8_cache(lens, 16, 8, 128, "NHD", "e4m3")
+    indptr, indices, last = deq[2:]
+    q = torch.randn(1, 32, 128, dtype=torch.bfloat16, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8, device=CUDA))
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="The dtype of k .* does not match the kv_data_type"):
+        w.run(q, (cache[0].to(torch.float8_e5m2), cache[1].to(torch.float8_e5m2)))
+    with pytest.raises(ValueError, match="The dtype of k .* does not match the kv_data_type"):
+        w.run(q, (deq[0].bfloat16(), deq[1].bfloat16()))
+    with pytest.raises(ValueError, match="q_data_type must be float16 or bfloat16"):
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.float8_e4m3fn)
+    k = torch.randn(50, 8, 128, device=CUDA).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="k and v must have the same dtype"):
+        flashinfer.single_decode_with_kv_cache(q[0], k, k.to(torch.float8_e5m2))
+
+
 def test_fast_decode_plan_resolves_dtypes_as_plan_does():
     """Engines bind the module-level fast_decode_plan as wrapper.plan: data_type fills the q and
     KV dtypes left None, as plan() does."""
@@ -443,7 +539,7 @@ def test_fast_decode_plan_resolves_dtypes_as_plan_does():
     w.plan(indptr, indices, last, hq, hkv, d, ps, data_type=torch.bfloat16)
     o, lse = w.run(q, cache, return_lse=True)
     check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
-    with pytest.raises(NotImplementedError, match="q, kv and o dtypes must match"):
+    with pytest.raises(NotImplementedError, match="q and o dtypes must match, and kv must match them or be fp8"):
         w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16, data_type=torch.bfloat16)
 
 

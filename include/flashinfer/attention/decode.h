@@ -15,13 +15,22 @@
 namespace flashinfer {
 namespace attention {
 
+// What the K/V pointers of DecodeParams hold: T (the q / o type), or fp8 values that
+// dequantize by a plain cast to float (per-tensor k_scale / v_scale fold into sm_scale and the
+// output). fp8 caches take the CUDA-core kernel (decode_uses_tc).
+enum class KVCache : int { kSameAsQ = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
+
+// Bytes of one cache element.
+FLASHINFER_HOST_DEVICE constexpr int kv_cache_bytes(KVCache kv, int q_bytes) { return kv == KVCache::kSameAsQ ? q_bytes : 1; }
+
 // Where a request's keys live: a paged cache (page table in `kv`), or one contiguous
 // sequence (indices == nullptr: token t at t * stride_n, length contiguous_len).
 template <typename T>
 struct DecodeParams {
   const T* q;  // [batch, num_qo_heads, head_dim] via q_stride_n / q_stride_h
   int64_t q_stride_n, q_stride_h;
-  PagedKV<const T, int32_t> kv;  // k_data/v_data + page table; stride_* describe K
+  PagedKV<const T, int32_t> kv;  // k_data/v_data + page table; stride_* describe K (in cache elements)
+  KVCache kv_cache;              // kSameAsQ: k_data / v_data hold T; fp8: they point at fp8 bytes
   int64_t v_stride_page, v_stride_n, v_stride_h;  // V may have its own strides
   int64_t num_pages;         // pages of the cache tensors (0: unknown; the box copies need it)
   int64_t contiguous_len;    // >= 0: single contiguous sequence of this length (indices unused)
@@ -80,11 +89,12 @@ FLASHINFER_HOST_DEVICE constexpr int decode_sub_groups(int group_size, int head_
 }
 
 // Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
-// (ROPE_LLAMA) and head_dims 256 and 512, which stay on the CUDA-core kernel (the tensor-core
-// kernel is built for 64 and 128: its O^T accumulators and q fragments would take 96 / 192
-// registers per thread at 256 / 512).
-inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim) {
-  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128;
+// (ROPE_LLAMA), head_dims 256 and 512 and fp8 caches, which stay on the CUDA-core kernel (the
+// tensor-core kernel is built for 64 and 128: its O^T accumulators and q fragments would take
+// 96 / 192 registers per thread at 256 / 512; its MMAs take K and V in q's type).
+inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim,
+                           KVCache kv = KVCache::kSameAsQ) {
+  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128 && kv == KVCache::kSameAsQ;
 }
 
 // The per-CTA q-head bucket a group size compiles to at head_dim D: 1, 2, 4 or 8 (at most

@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "decode.cuh"
 
 namespace flashinfer {
@@ -25,10 +27,12 @@ namespace attention {
 // head_dim 512, whose lanes copy two vectors per key (the same bytes per thread).
 FLASHINFER_HOST_DEVICE constexpr int decode_cc_keys(int kG, int head_dim) { return kG == 1 && head_dim <= 256 ? 8 : 4; }
 
-// Per-stage bytes: K and V slots (kKeys * kVec / 8 16-byte vectors each per thread) plus the
-// group scratch for scores and probabilities (kTy groups x 2 x kKeys * kG floats).
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_cc_stage_bytes(int head_dim, int kG) {
-  return int64_t{2} * decode_cc_keys(kG, head_dim) * kDecodeThreads * 16 * (head_dim / 8 / decode_cc_lanes(head_dim)) +
+// Per-stage bytes: K and V slots (kKeys * kVec / 8 vectors of 8 cache elements each per
+// thread: 16 bytes of fp16 / bf16, 8 of fp8 -- kv_bytes per element) plus the group scratch for
+// scores and probabilities (kTy groups x 2 x kKeys * kG floats).
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_cc_stage_bytes(int head_dim, int kG, int kv_bytes = 2) {
+  return int64_t{2} * decode_cc_keys(kG, head_dim) * kDecodeThreads * 8 * kv_bytes *
+             (head_dim / 8 / decode_cc_lanes(head_dim)) +
          int64_t{kDecodeThreads / decode_cc_lanes(head_dim)} * decode_cc_keys(kG, head_dim) * kG * 8;
 }
 
@@ -95,7 +99,10 @@ FLASHINFER_DEVICE void read_group(const float* src, float (&dst)[kN]) {
 // loop is 950 instructions; H200 (bf16, 32/8 x 128, page 16, us, before -> after): 1 x 4096
 // 25.8 -> 20.6, 1 x 32768 70.4 -> 66.0, 16 x 4096 110.9 -> 105.6, 64 x 2048 195.6 -> 187.4,
 // 128 x 8192 1429 -> 1359, 64/8 heads at 16 x 4096 161.1 -> 147.0; RoPE kernels unchanged.
-template <typename T, int kHeadDim, int kG, bool kRope>
+// TKV: the cache element, T or fp8 (__nv_fp8_e4m3 / __nv_fp8_e5m2; p.kv_cache says which, the
+// launcher picks the instantiation): a lane's 8 features of a key are 16 or 8 bytes, copied and
+// converted as such; everything after the conversion is the same code.
+template <typename T, int kHeadDim, int kG, bool kRope, typename TKV = T>
 __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim, kG))
     DecodeCCKernel(const DecodeParams<T> p, const int stages) {
   constexpr int kTx = decode_cc_lanes(kHeadDim);
@@ -107,12 +114,15 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
   constexpr int kN = kKeys * kG;                 // scores per group and stage
   constexpr int kR = kN >= kTx ? kN / kTx : 1;   // scores a lane owns after the reduce
   constexpr int kShare = kN >= kTx ? 1 : kTx / kN;  // lanes holding the same score
-  constexpr int kSlotVecs = kKeys * kVecs * kDecodeThreads;  // uint4 per K (or V) part of a stage:
-                                                              // key j, vector v at (j * kVecs + v) * 128
-  constexpr int kStageVecs = 2 * kSlotVecs + kTy * kN / 2;
+  constexpr int kVB = 8 * static_cast<int>(sizeof(TKV));  // bytes of a lane's 8-feature vector
+  using Slot = std::conditional_t<kVB == 16, uint4, uint2>;  // one such vector in shared memory
+  // K (or V) part of a stage, in slots: key j, vector v of thread t at (j * kVecs + v) * 128 + t.
+  constexpr int kSlots = kKeys * kVecs * kDecodeThreads;
+  constexpr int kStageSlots = 2 * kSlots + kTy * kN * 8 / kVB;
   static_assert(kN % 4 == 0, "scores are read back as float4");
-  static_assert(decode_cc_stage_bytes(kHeadDim, kG) == int64_t{kStageVecs} * 16, "stage layout");
+  static_assert(decode_cc_stage_bytes(kHeadDim, kG, sizeof(TKV)) == int64_t{kStageSlots} * kVB, "stage layout");
   FLASHINFER_EXTERN_SHARED uint4 smem[];
+  Slot* const slots = reinterpret_cast<Slot*>(smem);
   const int tx = threadIdx.x % kTx, ty = threadIdx.x / kTx;
   constexpr bool rope = kRope;
   const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
@@ -170,8 +180,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
       own_slope[r] = alibi ? detail::alibi_slope(qh0 + g, p.num_qo_heads) * detail::kLog2e : 0.f;
     }
 
-    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + tx * kVec;
-    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + tx * kVec;
+    const TKV* kbase = reinterpret_cast<const TKV*>(p.kv.k_data) + int64_t{kv_head} * p.kv.stride_h + tx * kVec;
+    const TKV* vbase = reinterpret_cast<const TKV*>(p.kv.v_data) + int64_t{kv_head} * p.v_stride_h + tx * kVec;
     const int64_t page_base = paged ? it.page_begin : 0;
     // Walks this group's first key of each stage, lo + ty * kKeys + tile * kStageKeys; the
     // fetch of a tile (its page ids and first entry) is taken one iteration before its copy.
@@ -204,8 +214,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
     auto issue = [&](int64_t tile, int s, const Fetch& f) {
       if (tile < num_tiles) {
         const int64_t t0 = lo + tile * kStageKeys + ty * kKeys;
-        uint4* ks = smem + s * kStageVecs + threadIdx.x;
-        uint4* vs = ks + kSlotVecs;
+        Slot* ks = slots + s * kStageSlots + threadIdx.x;
+        Slot* vs = ks + kSlots;
         if (!kRope && int64_t{f.entry0} + kKeys <= page_size && t0 + kKeys <= hi) {
           // The usual case (chunks start at multiples of 64 keys, pages hold a multiple of
           // kKeys): the group's keys are consecutive entries of one page, all below hi. One
@@ -214,14 +224,14 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
           // 61.3, 16 x 4096 95.7 -> 94.9, 64 x 2048 163.3 -> 161.9, 256 x 1024 311.7 -> 308.7,
           // 128 x 8192 1188.7 -> 1173.0; 1 x 4096 20.7 -> 21.1 (within its spread). Not in the
           // RoPE kernels, which already spill and spilled ~100 bytes more with it.
-          const T* kp = kbase + (int64_t{f.page[0]} * p.kv.stride_page + int64_t{f.entry0} * p.kv.stride_n);
-          const T* vp = vbase + (int64_t{f.page[0]} * p.v_stride_page + int64_t{f.entry0} * p.v_stride_n);
+          const TKV* kp = kbase + (int64_t{f.page[0]} * p.kv.stride_page + int64_t{f.entry0} * p.kv.stride_n);
+          const TKV* vp = vbase + (int64_t{f.page[0]} * p.v_stride_page + int64_t{f.entry0} * p.v_stride_n);
           FLASHINFER_UNROLL
           for (int j = 0; j < kKeys; ++j)
             FLASHINFER_UNROLL
             for (int v = 0; v < kVecs; ++v) {
-              cp_async::copy16(ks + (j * kVecs + v) * kDecodeThreads, kp + j * p.kv.stride_n + v * 8);
-              cp_async::copy16(vs + (j * kVecs + v) * kDecodeThreads, vp + j * p.v_stride_n + v * 8);
+              cp_async::copy<kVB>(ks + (j * kVecs + v) * kDecodeThreads, kp + j * p.kv.stride_n + v * 8);
+              cp_async::copy<kVB>(vs + (j * kVecs + v) * kDecodeThreads, vp + j * p.v_stride_n + v * 8);
             }
           cp_async::commit();
           return;
@@ -244,8 +254,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
           const bool ok = t0 + j < hi;
           FLASHINFER_UNROLL
           for (int v = 0; v < kVecs; ++v) {  // zeros past hi
-            cp_async::copy16_or_zero(ks + (j * kVecs + v) * kDecodeThreads, (ok ? kbase + koff : kbase) + v * 8, ok);
-            cp_async::copy16_or_zero(vs + (j * kVecs + v) * kDecodeThreads, (ok ? vbase + voff : vbase) + v * 8, ok);
+            cp_async::copy_or_zero<kVB>(ks + (j * kVecs + v) * kDecodeThreads, (ok ? kbase + koff : kbase) + v * 8, ok);
+            cp_async::copy_or_zero<kVB>(vs + (j * kVecs + v) * kDecodeThreads, (ok ? vbase + voff : vbase) + v * 8, ok);
           }
         }
       }
@@ -271,9 +281,9 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
       issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, next);
       next = fetch();  // tile + stages, copied by the next iteration
       cp_async::wait(stages - 1);
-      const uint4* ks = smem + s_cur * kStageVecs + threadIdx.x;
-      const uint4* vs = ks + kSlotVecs;
-      float* xs = reinterpret_cast<float*>(smem + s_cur * kStageVecs + 2 * kSlotVecs) + ty * kN;  // scores
+      const Slot* ks = slots + s_cur * kStageSlots + threadIdx.x;
+      const Slot* vs = ks + kSlots;
+      float* xs = reinterpret_cast<float*>(slots + s_cur * kStageSlots + 2 * kSlots) + ty * kN;  // scores
       float* xp = xs + kTy * kN;  // probabilities
       const int64_t t0 = lo + tile * kStageKeys + ty * kKeys;
 
@@ -284,7 +294,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
         float kf[kVec];
         FLASHINFER_UNROLL
         for (int v = 0; v < kVecs; ++v)
-          load16<T>(ks + (j * kVecs + v) * kDecodeThreads).to_float(kf + v * 8);  // one LDS.128 (vec_dtypes.cuh)
+          load8_to_float<TKV>(ks + (j * kVecs + v) * kDecodeThreads, kf + v * 8);  // one LDS (vec_dtypes.cuh)
         if (rope) detail::rope_rotate<kTx, kVec>(kf, inv_freq, tx, t0 + j);
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g) {
@@ -349,7 +359,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
       for (int j = 0; j < kKeys; ++j) {
         float vf[kVec];
         FLASHINFER_UNROLL
-        for (int v = 0; v < kVecs; ++v) load16<T>(vs + (j * kVecs + v) * kDecodeThreads).to_float(vf + v * 8);  // zeros past hi
+        for (int v = 0; v < kVecs; ++v) load8_to_float<TKV>(vs + (j * kVecs + v) * kDecodeThreads, vf + v * 8);  // zeros past hi
         FLASHINFER_UNROLL
         for (int g = 0; g < kG; ++g)
           FLASHINFER_UNROLL

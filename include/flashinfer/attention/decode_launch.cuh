@@ -210,10 +210,22 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   return ok;
 }
 
+// Calls f with a value of the cache element type `kv` names: T, __nv_fp8_e4m3 or __nv_fp8_e5m2.
+template <typename T, typename F>
+cudaError_t with_kv_type(KVCache kv, F&& f) {
+  switch (kv) {
+    case KVCache::kFp8E4M3: return f(__nv_fp8_e4m3{});
+    case KVCache::kFp8E5M2: return f(__nv_fp8_e5m2{});
+    default: return f(T{});
+  }
+}
+
 // stages > 0: that pipeline depth (the plan's), else each kernel's default. rope: the
-// CUDA-core kernel's RoPE instantiation (the tensor-core kernel takes no RoPE).
+// CUDA-core kernel's RoPE instantiation (the tensor-core kernel takes no RoPE); kv: its cache
+// element type.
 template <typename T, int kHeadDim, int kG>
-cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, int stages = 0) {
+cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, int stages = 0,
+                             KVCache kv = KVCache::kSameAsQ) {
   if constexpr (kHeadDim <= 128) {
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 (row copies, bf16:
@@ -239,17 +251,21 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, i
     }
   }
   const int cc_stages = stages > 0 ? stages : decode_cc_stages(kG);
-  if (rope)
-    return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG, true>>(decode_cc_stage_bytes(kHeadDim, kG),
-                                                                       decode_merge_smem(kHeadDim), l, cc_stages);
-  return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG, false>>(decode_cc_stage_bytes(kHeadDim, kG),
-                                                                      decode_merge_smem(kHeadDim), l, cc_stages);
+  return with_kv_type<T>(kv, [&](auto tag) {
+    using TKV = decltype(tag);
+    const int64_t stage = decode_cc_stage_bytes(kHeadDim, kG, sizeof(TKV));
+    if (rope)
+      return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG, true, TKV>>(stage, decode_merge_smem(kHeadDim), l,
+                                                                              cc_stages);
+    return decode_launch_shape<DecodeCCKernel<T, kHeadDim, kG, false, TKV>>(stage, decode_merge_smem(kHeadDim), l,
+                                                                             cc_stages);
+  });
 }
 
 template <typename T, int kHeadDim, int kG>
 cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
                              cudaStream_t stream) {
-  const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim);
+  const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim, p.kv_cache);
   TcCopy copy = TcCopy::kCpAsync;
   DecodeTensorMaps maps{};  // (only the box engine reads them)
   if (tc) {
@@ -265,7 +281,7 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
   }
   DecodeLaunch l;
   const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;
-  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, rope, &l, p.stages)));
+  FLASHINFER_CUDA_TRY((decode_shape_for<T, kHeadDim, kG>(tc, copy, rope, &l, p.stages, p.kv_cache)));
   // (never: stages <= kMaxStages == kTcMaxStages, the mbarriers the kernel has)
   if (copy != TcCopy::kCpAsync && l.stages > kTcMaxStages) return cudaErrorInvalidValue;
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
@@ -291,11 +307,11 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
   }
   if (!launched) {
     const dim3 g(static_cast<unsigned>(grid)), b(kDecodeThreads);
-    if (rope) {
-      FLASHINFER_CUDA_TRY(launch(DecodeCCKernel<T, kHeadDim, kG, true>, g, b, l.smem, stream, p.pdl, p, l.stages));
-    } else {
-      FLASHINFER_CUDA_TRY(launch(DecodeCCKernel<T, kHeadDim, kG, false>, g, b, l.smem, stream, p.pdl, p, l.stages));
-    }
+    FLASHINFER_CUDA_TRY(with_kv_type<T>(p.kv_cache, [&](auto tag) {
+      using TKV = decltype(tag);
+      if (rope) return launch(DecodeCCKernel<T, kHeadDim, kG, true, TKV>, g, b, l.smem, stream, p.pdl, p, l.stages);
+      return launch(DecodeCCKernel<T, kHeadDim, kG, false, TKV>, g, b, l.smem, stream, p.pdl, p, l.stages);
+    }));
   }
   if (!launch_merge) return cudaSuccess;
   return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(l.merge_grid)), dim3(kDecodeThreads), 0,
@@ -329,8 +345,8 @@ cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int
 // pipeline depth `stages` (0: the default).
 template <typename T>
 cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodingMode pos, int* ctas, int* num_sms,
-                            int stages) {
-  const bool tc = decode_uses_tc(use_tc, pos, head_dim);
+                            int stages, KVCache kv) {
+  const bool tc = decode_uses_tc(use_tc, pos, head_dim, kv);
   const bool rope = pos == PosEncodingMode::kRoPELlama;
   DeviceInfo dev;
   FLASHINFER_CUDA_TRY(current_device_info(&dev));
@@ -341,11 +357,11 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   auto go = [&](auto hd) {
     constexpr int kD = decltype(hd)::value;
     switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, rope, &l, stages); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, rope, &l, stages); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, rope, &l, stages); break;
+      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, rope, &l, stages, kv); break;
+      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, rope, &l, stages, kv); break;
+      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, rope, &l, stages, kv); break;
       default:
-        if constexpr (decode_max_group(kD) >= 8) err = decode_shape_for<T, kD, 8>(tc, copy, rope, &l, stages);
+        if constexpr (decode_max_group(kD) >= 8) err = decode_shape_for<T, kD, 8>(tc, copy, rope, &l, stages, kv);
         break;
     }
     return Status::kSuccess;

@@ -1,6 +1,8 @@
 """Bench routines for decode attention: ``single_decode`` and ``batch_decode`` (paged,
 pages in random order). Bytes = K and V read + q read + o written; the PyTorch reference is
-SDPA with enable_gqa=True on K/V gathered contiguous beforehand (not timed)."""
+SDPA with enable_gqa=True on K/V gathered contiguous beforehand (not timed). ``--kv-dtype``
+float8_e4m3fn / float8_e5m2 stores the cache in fp8 (the bytes count its one-byte elements;
+SDPA then runs on the dequantized values in q's dtype)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,15 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-layout", choices=["NHD", "HND"], default="NHD", help="paged cache layout (batch_decode)")
     g.add_argument("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE",
                    help="batch_decode: position encoding applied in the kernel (the SDPA baseline has none)")
+    g.add_argument("--kv-dtype", choices=["same", "float8_e4m3fn", "float8_e5m2"], default="same",
+                   help="KV cache element type (same: the --dtype)")
+
+
+def _kv(torch, args, x):
+    """x in the cache's element type (fp8 casts), and its tag for the case name."""
+    if args.kv_dtype == "same":
+        return x, ""
+    return x.to(getattr(torch, args.kv_dtype)), " kv" + args.kv_dtype[5:]
 
 
 def _sdpa(torch, q, k, v):
@@ -41,23 +52,26 @@ def batch_decode(torch, args) -> Case:
     k = torch.randn(total, hkv, ps, d, dtype=dt, device="cuda") if hnd else torch.randn(total, ps, hkv, d, dtype=dt,
                                                                                          device="cuda")
     v = torch.randn_like(k)
+    (k, kvtag), (v, _) = _kv(torch, args, k), _kv(torch, args, v)
     indices = torch.randperm(total, device="cuda").int()
     indptr = torch.arange(b + 1, dtype=torch.int32) * pages_per
     last = torch.full((b,), L - (pages_per - 1) * ps, dtype=torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, args.kv_layout, use_tensor_cores=args.use_tensor_cores)
-    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt, pos_encoding_mode=args.pos_encoding_mode)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt, kv_data_type=k.dtype,
+           pos_encoding_mode=args.pos_encoding_mode)
     q = torch.randn(b, hq, d, dtype=dt, device="cuda")
     o = torch.empty_like(q)
     # reference inputs: the same keys gathered contiguous [B, Hkv, L, D]
     idx = indices.long().view(b, pages_per)
     kn, vn = (k.transpose(1, 2), v.transpose(1, 2)) if hnd else (k, v)  # [pages, ps, hkv, d] views
-    kc = kn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
-    vc = vn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous()
+    kc = kn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous().to(dt)
+    vc = vn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous().to(dt)
     e = q.element_size()
-    nbytes = 2 * b * L * hkv * d * e + 2 * b * hq * d * e
+    nbytes = 2 * b * L * hkv * d * k.element_size() + 2 * b * hq * d * e
     tc = " tc" if args.use_tensor_cores else ""
     lay = (" HND" if hnd else "") + ("" if args.pos_encoding_mode == "NONE" else " " + args.pos_encoding_mode.lower())
+    lay += kvtag
     return Case("batch_decode" + tc, f"{b}x{L} {hq}/{hkv}x{d} ps{ps}{lay}", args.dtype, lambda: w.run(q, (k, v)),
                 lambda: w.run(q, (k, v), out=o), _sdpa(torch, q, kc, vc), "SDPA enable_gqa (contiguous KV)",
                 bytes=nbytes)
@@ -69,12 +83,13 @@ def single_decode(torch, args) -> Case:
     q = torch.randn(hq, d, dtype=dt, device="cuda")
     k = torch.randn(L, hkv, d, dtype=dt, device="cuda")
     v = torch.randn_like(k)
-    kc, vc = k.transpose(0, 1).unsqueeze(0).contiguous(), v.transpose(0, 1).unsqueeze(0).contiguous()
+    (k, kvtag), (v, _) = _kv(torch, args, k), _kv(torch, args, v)
+    kc, vc = (x.transpose(0, 1).unsqueeze(0).contiguous().to(dt) for x in (k, v))
     e = q.element_size()
     tc = args.use_tensor_cores
-    return Case("single_decode" + (" tc" if tc else ""), f"{L} {hq}/{hkv}x{d}", args.dtype,
+    return Case("single_decode" + (" tc" if tc else ""), f"{L} {hq}/{hkv}x{d}{kvtag}", args.dtype,
                 lambda: flashinfer.single_decode_with_kv_cache(q, k, v, use_tensor_cores=tc), None, _sdpa(torch, q.unsqueeze(0), kc, vc),
-                "SDPA enable_gqa", bytes=2 * L * hkv * d * e + 2 * hq * d * e)
+                "SDPA enable_gqa", bytes=2 * L * hkv * d * k.element_size() + 2 * hq * d * e)
 
 
 register(

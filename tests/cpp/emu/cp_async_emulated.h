@@ -1,5 +1,5 @@
 // cp.async under cuda_emulator.h: flashinfer::cp_async (include/flashinfer/cp_async.cuh) replaced
-// by per-thread queues of committed groups of 16-byte copies. A copy takes the data it reads at
+// by per-thread queues of committed groups of 16- and 8-byte copies. A copy takes the data it reads at
 // issue and lands at the latest legal time, the wait that retires its group, so a slot reused
 // too early shows up. Include after cuda_emulator.h and before any flashinfer header: the real
 // header is compiled first into an unused namespace (its #pragma once then keeps the kernels'
@@ -18,6 +18,7 @@ namespace emu_cp {
 struct Copy {
   void* dst;
   unsigned char data[16];
+  int bytes;
 };
 inline std::vector<std::vector<std::vector<Copy>>> groups(1024);  // [thread][group][copy]
 inline std::vector<std::vector<Copy>> open(1024);                 // [thread][copy], not committed
@@ -27,14 +28,22 @@ inline int64_t copies = 0;
 namespace flashinfer {
 namespace cp_async {
 
-inline void copy16_or_zero(void* smem, const void* gmem, bool valid) {
+inline void copy_n(void* smem, const void* gmem, bool valid, int bytes) {
   emu_cp::Copy c;
   c.dst = smem;
-  if (valid) std::memcpy(c.data, gmem, 16); else std::memset(c.data, 0, 16);
+  c.bytes = bytes;
+  if (valid) std::memcpy(c.data, gmem, bytes); else std::memset(c.data, 0, bytes);
   emu_cp::open[threadIdx.x].push_back(c);
   ++emu_cp::copies;
 }
+inline void copy16_or_zero(void* smem, const void* gmem, bool valid) { copy_n(smem, gmem, valid, 16); }
 inline void copy16(void* smem, const void* gmem) { copy16_or_zero(smem, gmem, true); }
+inline void copy8_or_zero(void* smem, const void* gmem, bool valid) { copy_n(smem, gmem, valid, 8); }
+inline void copy8(void* smem, const void* gmem) { copy8_or_zero(smem, gmem, true); }
+template <int kBytes>
+inline void copy(void* smem, const void* gmem) { copy_n(smem, gmem, true, kBytes); }
+template <int kBytes>
+inline void copy_or_zero(void* smem, const void* gmem, bool valid) { copy_n(smem, gmem, valid, kBytes); }
 inline void commit() {
   emu_cp::groups[threadIdx.x].push_back(std::move(emu_cp::open[threadIdx.x]));
   emu_cp::open[threadIdx.x].clear();
@@ -43,7 +52,7 @@ inline void wait(int n) {
   auto& g = emu_cp::groups[threadIdx.x];
   if (n > 15) n = 15;
   while (static_cast<int>(g.size()) > n) {
-    for (const auto& c : g.front()) std::memcpy(c.dst, c.data, 16);
+    for (const auto& c : g.front()) std::memcpy(c.dst, c.data, c.bytes);
     g.erase(g.begin());
   }
 }

@@ -4,7 +4,8 @@
 // NHD/HND strides, ragged and empty requests, split items (explicit and implicit) folded by
 // DecodeMergeKernel or by the in-kernel merge (merge_counters: the CTA that writes a request's
 // last partial state merges them and resets its counter), RoPE / ALiBi / soft cap / sliding
-// window, LSE, 2, 3 and 4 stages, f16 and bf16. cp.async is emulated by cp_async_emulated.h
+// window, LSE, 2, 3 and 4 stages, f16 and bf16, and fp8 caches (e4m3 / e5m2, 8-byte copies;
+// the reference reads the same fp8 values). cp.async is emulated by cp_async_emulated.h
 // (copies land at the latest legal time, so a slot reused too early shows up).
 // Run: cmake -DFLASHINFER_BUILD_TESTS=ON -DFLASHINFER_BUILD_EMU_TESTS=ON, then `ctest -L emu`,
 // or without CMake tests/cpp/emu/run_emulated.sh decode; ~1 s.
@@ -48,7 +49,8 @@ struct Case {
 
 int failures = 0;
 
-template <typename T>
+// TKV: the cache element (T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with p.kv_cache saying so).
+template <typename T, typename TKV = T>
 void run_case(const Case& c, uint64_t seed) {
   const int D = c.head_dim, H = c.group * c.num_kv_heads, KH = c.num_kv_heads;
   const int B = static_cast<int>(c.lens.size());
@@ -75,11 +77,11 @@ void run_case(const Case& c, uint64_t seed) {
   const int entries = contiguous ? c.lens[0] : ps;
   // K and V: [pages, entries, KH, D] (NHD) or [pages, KH, entries, D] (HND); V in its own buffer
   const int64_t page_elems = int64_t{entries} * KH * D;
-  std::vector<T> kbuf(size_t(total_pages) * page_elems + 8), vbuf(size_t(total_pages) * page_elems + 8);
-  for (auto& x : kbuf) x = ft<T>(U(rng));
-  for (auto& x : vbuf) x = ft<T>(U(rng));
+  std::vector<TKV> kbuf(size_t(total_pages) * page_elems + 16), vbuf(size_t(total_pages) * page_elems + 16);
+  for (auto& x : kbuf) x = ft<TKV>(U(rng) * (sizeof(TKV) == 1 ? 4.f : 1.f));
+  for (auto& x : vbuf) x = ft<TKV>(U(rng) * (sizeof(TKV) == 1 ? 4.f : 1.f));
   const int64_t s_page = page_elems, s_n = c.hnd ? D : int64_t{KH} * D, s_h = c.hnd ? int64_t{entries} * D : D;
-  auto kat = [&](const std::vector<T>& buf, int b, int t, int kh, int d) -> double {
+  auto kat = [&](const std::vector<TKV>& buf, int b, int t, int kh, int d) -> double {
     const int64_t page = contiguous ? 0 : indices[indptr[b] + t / ps];
     const int64_t e = contiguous ? t : t % ps;
     return tf(buf[page * s_page + e * s_n + kh * s_h + d]);
@@ -112,8 +114,11 @@ void run_case(const Case& c, uint64_t seed) {
   p.q = q.data();
   p.q_stride_n = int64_t{H} * D;
   p.q_stride_h = D;
-  p.kv.k_data = kbuf.data();
-  p.kv.v_data = vbuf.data();
+  p.kv.k_data = reinterpret_cast<const T*>(kbuf.data());  // (fp8: kv_cache says what they hold)
+  p.kv.v_data = reinterpret_cast<const T*>(vbuf.data());
+  p.kv_cache = std::is_same<TKV, __nv_fp8_e4m3>::value   ? KVCache::kFp8E4M3
+               : std::is_same<TKV, __nv_fp8_e5m2>::value ? KVCache::kFp8E5M2
+                                                         : KVCache::kSameAsQ;
   p.kv.indptr = indptr.data();
   p.kv.indices = indices.data();
   p.kv.last_page_len = last.data();
@@ -173,13 +178,14 @@ void run_case(const Case& c, uint64_t seed) {
   const int bucket = decode_group_bucket(c.group, D);
   auto go = [&](auto hd, auto gb) {
     constexpr int kD = decltype(hd)::value, kG = decltype(gb)::value;
-    const int64_t smem = max<int64_t>(c.stages * decode_cc_stage_bytes(kD, kG), decode_merge_smem(kD));
+    const int64_t smem =
+        max<int64_t>(c.stages * decode_cc_stage_bytes(kD, kG, sizeof(TKV)), decode_merge_smem(kD));
     std::memset(flashinfer::attention::smem, 0xff, sizeof(flashinfer::attention::smem));
     const unsigned grid = unsigned(c.grid), threads = unsigned(kDecodeThreads);
     if (c.pos == PosEncodingMode::kRoPELlama) {
-      emu::launch(DecodeCCKernel<T, kD, kG, true>, grid, threads, size_t(smem), p, c.stages);
+      emu::launch(DecodeCCKernel<T, kD, kG, true, TKV>, grid, threads, size_t(smem), p, c.stages);
     } else {
-      emu::launch(DecodeCCKernel<T, kD, kG, false>, grid, threads, size_t(smem), p, c.stages);
+      emu::launch(DecodeCCKernel<T, kD, kG, false, TKV>, grid, threads, size_t(smem), p, c.stages);
     }
     if (!p.merge_counters) emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
   };
@@ -266,9 +272,10 @@ void run_case(const Case& c, uint64_t seed) {
   }
   for (int32_t v : counters)
     if (v != 0) bad = true;  // the merging CTA resets its counter (CUDA-graph replays reuse them)
-  std::printf("%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d: "
+  std::printf("%s%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d: "
               "max|do|=%.2e max|dlse|=%.2e %s\n",
-              sizeof(T) == 2 && std::is_same<T, __half>::value ? "f16" : "bf16", D, c.group, KH,
+              std::is_same<T, __half>::value ? "f16" : "bf16",
+              std::is_same<TKV, T>::value ? "" : std::is_same<TKV, __nv_fp8_e4m3>::value ? "/e4m3" : "/e5m2", D, c.group, KH,
               c.page_size, c.lens.size(), c.chunk, int(c.pos), c.soft_cap, c.window_left, c.hnd, c.stages, c.grid,
               max_err, max_lse_err, bad ? "FAIL" : "ok");
   std::fflush(stdout);
@@ -321,6 +328,15 @@ int main() {
   run_case<__nv_bfloat16>(cases[13], 97);
   run_case<__nv_bfloat16>(cases[19], 96);
   run_case<__nv_bfloat16>(cases[21], 95);
+  // fp8 caches: every head_dim, paged / contiguous, split and in-kernel merge, RoPE, HND
+  run_case<__half, __nv_fp8_e4m3>(cases[0], 201);
+  run_case<__nv_bfloat16, __nv_fp8_e5m2>(cases[1], 202);
+  run_case<__half, __nv_fp8_e5m2>(cases[6], 203);
+  run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[9], 204);
+  run_case<__half, __nv_fp8_e4m3>(cases[12], 205);
+  run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[14], 206);
+  run_case<__half, __nv_fp8_e5m2>(cases[20], 207);
+  run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[25], 208);
   std::printf(failures ? "FAILED: %d\n" : "all ok\n", failures);
   return failures ? 1 : 0;
 }
