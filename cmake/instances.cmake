@@ -21,7 +21,10 @@ file(CONFIGURE OUTPUT "${FLASHINFER_GEN_DIR}/flashinfer_instances.h" CONTENT
 
 set(FLASHINFER_INSTANCE_COUNT 0)
 
-# flashinfer_family_sources(<family> <out_var>): one .cu per dtype from bindings/<family>_inst.cu.in.
+# flashinfer_family_sources(<family> <out_var> [<split value>...]): one .cu per dtype from
+# bindings/<family>_inst.cu.in, and with split values also one per (dtype, value) from
+# bindings/<family>_split_inst.cu.in (@FI_SPLIT@: the value), so that a family's kernels build
+# in parallel (decode splits by head_dim).
 function(flashinfer_family_sources family out_var)
   set(srcs "")
   foreach(dt IN LISTS FLASHINFER_DTYPES)
@@ -29,6 +32,11 @@ function(flashinfer_family_sources family out_var)
     set(out "${FLASHINFER_GEN_DIR}/${family}_${dt}.cu")
     configure_file("${PROJECT_SOURCE_DIR}/bindings/${family}_inst.cu.in" "${out}" @ONLY)
     list(APPEND srcs "${out}")
+    foreach(FI_SPLIT IN LISTS ARGN)
+      set(out "${FLASHINFER_GEN_DIR}/${family}_${dt}_${FI_SPLIT}.cu")
+      configure_file("${PROJECT_SOURCE_DIR}/bindings/${family}_split_inst.cu.in" "${out}" @ONLY)
+      list(APPEND srcs "${out}")
+    endforeach()
   endforeach()
   list(LENGTH srcs n)
   math(EXPR total "${FLASHINFER_INSTANCE_COUNT} + ${n}")

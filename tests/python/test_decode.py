@@ -430,7 +430,8 @@ def test_out_and_lse_buffers():
 
 
 # ---- fp8 KV caches (spec 8.3): dequantized by a plain cast; k_scale folds into sm_scale, v_scale
-# scales the output. Both tensor-core settings (use_tensor_cores=True runs the CUDA-core kernel).
+# scales the output. use_tensor_cores=True takes the tensor-core kernel at head_dim 128 (fp8 rows
+# read as 2-byte elements, permuted MMA indices), the CUDA-core kernel at other head_dims.
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_CASES = [  # (batch, kv_len, page_size, hq, hkv, head_dim, q dtype, layout, use_tc, pos, fp8)
     (7, 2048, 16, 32, 8, 128, B, "NHD", False, "NONE", "e4m3"),
@@ -441,6 +442,10 @@ FP8_CASES = [  # (batch, kv_len, page_size, hq, hkv, head_dim, q dtype, layout, 
     (7, 2048, 5, 32, 4, 64, B, "HND", True, "ROPE_LLAMA", "e5m2"),
     (7, 2048, 16, 32, 4, 512, B, "NHD", False, "NONE", "e4m3"),  # 16 features per lane, 2 sub-groups
     (64, 54, 16, 32, 32, 128, H, "NHD", False, "NONE", "e4m3"),
+    (7, 511, 1, 32, 4, 128, H, "HND", True, "NONE", "e4m3"),  # tensor cores: page 1, HND, group 8
+    (17, 2048, 5, 32, 8, 128, B, "NHD", True, "ALIBI", "e5m2"),
+    (64, 97, 16, 4, 4, 128, B, "NHD", True, "NONE", "e4m3"),  # group 1
+    (3, 16384, 16, 32, 8, 128, H, "HND", True, "NONE", "e5m2"),  # split, f16 q
 ]
 
 
@@ -505,6 +510,24 @@ def test_fp8_kv_equals_half_precision_on_the_dequantized_cache():
                disable_split_kv=True)
         outs.append(w.run(q, kv))
     assert (outs[0].float() - outs[1].float()).abs().max().item() <= 2e-3
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_kv_tensor_cores_agree_with_cuda_cores(fp8, dtype):
+    lens = [5000, 1, 0, 700, 64, 65]
+    cache, deq = _fp8_cache(lens, 16, 8, 128, "NHD", fp8)
+    indptr, indices, last = deq[2:]
+    q = torch.randn(len(lens), 32, 128, dtype=dtype, device=CUDA)
+    outs = []
+    for use_tc in (False, True):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA),
+                                                          use_tensor_cores=use_tc)
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=dtype, kv_data_type=FP8[fp8])
+        outs.append(w.run(q, cache, return_lse=True))
+    assert (outs[0][0].float() - outs[1][0].float()).abs().max().item() <= 2e-2
+    assert (outs[0][1][[0, 1, 3, 4, 5]] - outs[1][1][[0, 1, 3, 4, 5]]).abs().max().item() <= 1e-3
+    check_batch(outs[1][0], outs[1][1], q, deq, "NHD")
 
 
 def test_fp8_kv_validation():

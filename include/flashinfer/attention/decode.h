@@ -17,7 +17,8 @@ namespace attention {
 
 // What the K/V pointers of DecodeParams hold: T (the q / o type), or fp8 values that
 // dequantize by a plain cast to float (per-tensor k_scale / v_scale fold into sm_scale and the
-// output). fp8 caches take the CUDA-core kernel (decode_uses_tc).
+// output). fp8 caches take the tensor-core kernel at head_dim 128 (decode_tc_takes_fp8), else
+// the CUDA-core kernel (decode_uses_tc).
 enum class KVCache : int { kSameAsQ = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
 // Bytes of one cache element.
@@ -88,13 +89,18 @@ FLASHINFER_HOST_DEVICE constexpr int decode_sub_groups(int group_size, int head_
   return (group_size + decode_max_group(head_dim) - 1) / decode_max_group(head_dim);
 }
 
+// fp8 caches on tensor cores: head_dim 128 (rows of 8 swizzled 16-byte chunks), cp.async copies.
+FLASHINFER_HOST_DEVICE constexpr bool decode_tc_takes_fp8(int head_dim) { return head_dim == 128; }
+
 // Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE
-// (ROPE_LLAMA), head_dims 256 and 512 and fp8 caches, which stay on the CUDA-core kernel (the
-// tensor-core kernel is built for 64 and 128: its O^T accumulators and q fragments would take
-// 96 / 192 registers per thread at 256 / 512; its MMAs take K and V in q's type).
+// (ROPE_LLAMA), head_dims 256 and 512, and fp8 caches at other head_dims than
+// decode_tc_takes_fp8's, which stay on the CUDA-core kernel (the tensor-core kernel is built for
+// 64 and 128: its O^T accumulators and q fragments would take 96 / 192 registers per thread at
+// 256 / 512).
 inline bool decode_uses_tc(bool use_tensor_cores, PosEncodingMode pos, int head_dim,
                            KVCache kv = KVCache::kSameAsQ) {
-  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128 && kv == KVCache::kSameAsQ;
+  return use_tensor_cores && pos != PosEncodingMode::kRoPELlama && head_dim <= 128 &&
+         (kv == KVCache::kSameAsQ || decode_tc_takes_fp8(head_dim));
 }
 
 // The per-CTA q-head bucket a group size compiles to at head_dim D: 1, 2, 4 or 8 (at most

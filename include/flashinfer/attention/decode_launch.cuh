@@ -227,6 +227,17 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, int stages = 0,
                              KVCache kv = KVCache::kSameAsQ) {
   if constexpr (kHeadDim <= 128) {
+    if (tc && kv != KVCache::kSameAsQ) {  // fp8 (decode_tc_takes_fp8): the cp.async engine
+      if constexpr (decode_tc_takes_fp8(kHeadDim)) {
+        return with_kv_type<T>(kv, [&](auto tag) {
+          using TKV = decltype(tag);
+          return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync, TKV>>(
+              decode_tc_stage_bytes(kHeadDim, TcCopy::kCpAsync, sizeof(TKV)), decode_tc_merge_smem(kHeadDim), l,
+              stages > 0 ? stages : kDecodeTCStages);
+        });
+      }
+      return cudaErrorInvalidValue;  // (decode_uses_tc never asks for it)
+    }
     if (tc) {
       // Three 64-key stages x 2 CTAs beat two stages x 3 CTAs on the H200 (row copies, bf16:
       // 128 x 8192 1080 vs 1091 us, 64 x 2048 156 vs 167, 256 x 1024 303 vs 318; 1 x 32768
@@ -268,7 +279,7 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
   const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim, p.kv_cache);
   TcCopy copy = TcCopy::kCpAsync;
   DecodeTensorMaps maps{};  // (only the box engine reads them)
-  if (tc) {
+  if (tc && p.kv_cache == KVCache::kSameAsQ) {
     DeviceInfo dev;
     FLASHINFER_CUDA_TRY(current_device_info(&dev));
     copy = decode_tc_copy_asked(dev);
@@ -287,7 +298,19 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
   const int64_t grid = max_grid > 0 && max_grid < l.grid ? max_grid : l.grid;
   bool launched = false;
   if constexpr (kHeadDim <= 128) {
-    if (tc) {
+    if (tc && p.kv_cache != KVCache::kSameAsQ) {
+      if constexpr (decode_tc_takes_fp8(kHeadDim)) {
+        const dim3 g(static_cast<unsigned>(grid)), b(kDecodeThreads);
+        FLASHINFER_CUDA_TRY(with_kv_type<T>(p.kv_cache, [&](auto tag) {
+          using TKV = decltype(tag);
+          if constexpr (sizeof(TKV) == 1)
+            return launch(DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync, TKV>, g, b, l.smem, stream, p.pdl, p,
+                          l.stages, maps);
+          return cudaErrorInvalidValue;
+        }));
+        launched = true;
+      }
+    } else if (tc) {
       const dim3 g(static_cast<unsigned>(grid)), b(kDecodeThreads);
       switch (copy) {
         case TcCopy::kBoxes:
@@ -318,23 +341,44 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
                 stream, p.pdl, p);
 }
 
+// One head_dim's launch, dispatched over the q-head bucket (DecodeForHeadDim) and its launch
+// shape (DecodeShapeForHeadDim): each head_dim is its own unit of instantiation, which the
+// bindings compile in parallel (cmake/instances.cmake; a translation unit holding every decode
+// kernel of a dtype was the build's critical path).
+template <typename T, int kD>
+cudaError_t DecodeForHeadDim(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
+                             cudaStream_t stream) {
+  switch (decode_group_bucket(p.group_size, p.head_dim)) {
+    case 1: return DecodeDispatched<T, kD, 1>(p, use_tc, launch_merge, max_grid, stream);
+    case 2: return DecodeDispatched<T, kD, 2>(p, use_tc, launch_merge, max_grid, stream);
+    case 4: return DecodeDispatched<T, kD, 4>(p, use_tc, launch_merge, max_grid, stream);
+    default:
+      if constexpr (decode_max_group(kD) >= 8) return DecodeDispatched<T, kD, 8>(p, use_tc, launch_merge, max_grid, stream);
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T, int kD>
+cudaError_t DecodeShapeForHeadDim(int group_size, bool tc, TcCopy copy, bool rope, DecodeLaunch* l, int stages,
+                                  KVCache kv) {
+  switch (decode_group_bucket(group_size, kD)) {
+    case 1: return decode_shape_for<T, kD, 1>(tc, copy, rope, l, stages, kv);
+    case 2: return decode_shape_for<T, kD, 2>(tc, copy, rope, l, stages, kv);
+    case 4: return decode_shape_for<T, kD, 4>(tc, copy, rope, l, stages, kv);
+    default:
+      if constexpr (decode_max_group(kD) >= 8) return decode_shape_for<T, kD, 8>(tc, copy, rope, l, stages, kv);
+      return cudaErrorInvalidValue;
+  }
+}
+
 // Dispatch on head_dim and the q-head bucket. max_grid > 0 caps the decode grid (the
 // number of work items when it is known to be small); CUDA-graph users pass 0.
 template <typename T>
 cudaError_t Decode(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
-  const int bucket = decode_group_bucket(p.group_size, p.head_dim);
   cudaError_t err = cudaErrorInvalidValue;
   auto go = [&](auto hd) {
-    constexpr int kD = decltype(hd)::value;
-    switch (bucket) {
-      case 1: err = DecodeDispatched<T, kD, 1>(p, use_tc, launch_merge, max_grid, stream); break;
-      case 2: err = DecodeDispatched<T, kD, 2>(p, use_tc, launch_merge, max_grid, stream); break;
-      case 4: err = DecodeDispatched<T, kD, 4>(p, use_tc, launch_merge, max_grid, stream); break;
-      default:
-        if constexpr (decode_max_group(kD) >= 8) err = DecodeDispatched<T, kD, 8>(p, use_tc, launch_merge, max_grid, stream);
-        break;
-    }
+    err = DecodeForHeadDim<T, decltype(hd)::value>(p, use_tc, launch_merge, max_grid, stream);
     return Status::kSuccess;
   };
   if (with_int<64, 128, 256, 512>(p.head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;
@@ -353,17 +397,8 @@ cudaError_t DecodeCtasPerSM(int head_dim, int group_size, bool use_tc, PosEncodi
   const TcCopy copy = tc ? decode_tc_copy_asked(dev) : TcCopy::kCpAsync;
   DecodeLaunch l;
   cudaError_t err = cudaErrorInvalidValue;
-  const int bucket = decode_group_bucket(group_size, head_dim);
   auto go = [&](auto hd) {
-    constexpr int kD = decltype(hd)::value;
-    switch (bucket) {
-      case 1: err = decode_shape_for<T, kD, 1>(tc, copy, rope, &l, stages, kv); break;
-      case 2: err = decode_shape_for<T, kD, 2>(tc, copy, rope, &l, stages, kv); break;
-      case 4: err = decode_shape_for<T, kD, 4>(tc, copy, rope, &l, stages, kv); break;
-      default:
-        if constexpr (decode_max_group(kD) >= 8) err = decode_shape_for<T, kD, 8>(tc, copy, rope, &l, stages, kv);
-        break;
-    }
+    err = DecodeShapeForHeadDim<T, decltype(hd)::value>(group_size, tc, copy, rope, &l, stages, kv);
     return Status::kSuccess;
   };
   if (with_int<64, 128, 256, 512>(head_dim, go) != Status::kSuccess) return cudaErrorInvalidValue;

@@ -14,9 +14,17 @@
 //    to kTcTile keys; no sliding window) and page sizes 16/32/64 or multiples of 64; a
 //    contiguous one is a single page (one 64-key box per tile and half, from any key). Boxes
 //    copy whole pages, so V rows past the request's end are zeroed after they land.
+// fp8 caches (TKV = __nv_fp8_e4m3 / __nv_fp8_e5m2; head_dim 128, cp.async engine): rows of 128
+// bytes, read with the same b16 ldmatrix as 2-byte elements, so a register holds four fp8
+// features (trans: two features of two keys). The features become T exactly (fp8 -> fp16 ->
+// T) in an order that permutes the MMA's k (dims of q.k) and m (dims of O^T) indices: q's
+// fragments follow the same order and the epilogue maps O^T's rows back.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstring>
+#include <type_traits>
 
 #include "../bulk_copy.cuh"
 #include "../cp_async.cuh"
@@ -40,13 +48,14 @@ constexpr int kTcBoxAlign = 1024;  // 128-byte-swizzled boxes land on 1024-byte 
 // The tensor-core kernel's copy engines (see above).
 enum class TcCopy : int { kCpAsync = 0, kRows = 1, kBoxes = 2 };
 
-// Shared-memory bytes of one key row: row copies land whole rows, padded by 16 bytes.
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_row_bytes(int head_dim, TcCopy copy) {
-  return int64_t{head_dim} * 2 + (copy == TcCopy::kRows ? 16 : 0);
+// Shared-memory bytes of one key row (kv_bytes per element): row copies land whole rows,
+// padded by 16 bytes.
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_row_bytes(int head_dim, TcCopy copy, int kv_bytes = 2) {
+  return int64_t{head_dim} * kv_bytes + (copy == TcCopy::kRows ? 16 : 0);
 }
 // Shared memory of one stage (K and V tiles) and of the epilogue scratch.
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim, TcCopy copy) {
-  return int64_t{2} * kTcTile * decode_tc_row_bytes(head_dim, copy);
+FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim, TcCopy copy, int kv_bytes = 2) {
+  return int64_t{2} * kTcTile * decode_tc_row_bytes(head_dim, copy, kv_bytes);
 }
 
 // The K and V caches as 4-D tensor maps for the box engine, dims (dim, entry, head, page)
@@ -63,11 +72,26 @@ FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
 
 namespace detail {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][kHeadDim] tile whose chunks
-// are XOR-swizzled by row % 8, so the 8 rows an ldmatrix phase reads hit 8 different banks.
-template <int kHeadDim>
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRowBytes-byte rows whose
+// chunks are XOR-swizzled by row % 8, so the 8 rows an ldmatrix phase reads hit 8 different banks.
+template <int kRowBytes>
 FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * kHeadDim * 2 + ((chunk ^ (row & 7)) << 4));
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// Two fp8 values (bits 0-7 and 8-15 of v) as a packed pair of T, exactly.
+template <typename T, typename TKV>
+FLASHINFER_DEVICE uint32_t fp8x2_to(uint32_t v) {
+  constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<TKV, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), kInterp);
+  uint32_t w;
+  if constexpr (std::is_same_v<T, __half>) {
+    memcpy(&w, &h, 4);
+  } else {
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+    memcpy(&w, &b, 4);
+  }
+  return w;
 }
 
 }  // namespace detail
@@ -78,19 +102,22 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
 // memory allows (unbounded, its head_dim 64 build took 164); the sm_90 engines keep ptxas's
 // choice (124-128; a minimum of 0 blocks leaves their SASS identical to no minimum, while 1
 // moved the box engine to 140 registers).
-template <typename T, int kHeadDim, TcCopy kCopy>
+// TKV: the cache element, T, or fp8 with kCopy == kCpAsync at decode_tc_takes_fp8 head_dims.
+template <typename T, int kHeadDim, TcCopy kCopy, typename TKV = T>
 __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 : 0)
     DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
-  static_assert(kHeadDim % 64 == 0, "the swizzle needs >= 8 chunks per row");
+  constexpr bool kFp8 = sizeof(TKV) == 1;
+  static_assert(!kFp8 || (kCopy == TcCopy::kCpAsync && decode_tc_takes_fp8(kHeadDim)), "fp8: cp.async, head_dim 128");
+  static_assert(kHeadDim * sizeof(TKV) >= 128, "the swizzle needs >= 8 chunks per row");
   static_assert(kDecodeThreads == 2 * kTcTile, "bulk copies: one K or V row per thread per tile");
   constexpr bool kBulk = kCopy != TcCopy::kCpAsync;  // an mbarrier per stage counts the bytes in
   constexpr bool kBoxes = kCopy == TcCopy::kBoxes;
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row
+  constexpr int kChunks = kHeadDim * static_cast<int>(sizeof(TKV)) / 16;  // 16-byte chunks per key row
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kMTiles = kHeadDim / 16;  // 16-dim tiles of O^T
-  constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, kCopy);
-  constexpr int kPitch = static_cast<int>(decode_tc_row_bytes(kHeadDim, kCopy));
-  constexpr uint32_t kRowBytes = kHeadDim * 2;
+  constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, kCopy, sizeof(TKV));
+  constexpr int kPitch = static_cast<int>(decode_tc_row_bytes(kHeadDim, kCopy, sizeof(TKV)));
+  constexpr uint32_t kRowBytes = kHeadDim * sizeof(TKV);
   FLASHINFER_EXTERN_SHARED uint4 smem_u4[];
   __shared__ __align__(16) T sP[kTcWarps * kDecodeMaxGroup * 16];
   __shared__ __align__(8) uint64_t bars[kBulk ? kTcMaxStages : 1];
@@ -99,7 +126,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
   auto at = [](int r, int c) -> uint32_t {
     if constexpr (kBoxes) return static_cast<uint32_t>((c >> 3) * (kTcTile * 128)) + tma::swizzle128(r, c & 7);
     if constexpr (kBulk) return static_cast<uint32_t>(r * kPitch + c * 16);
-    return detail::swz<kHeadDim>(r, c);
+    return detail::swz<kRowBytes>(r, c);
   };
   char* smem = reinterpret_cast<char*>(smem_u4);
   if constexpr (kBoxes)  // (the launch adds kTcBoxAlign bytes of slack)
@@ -111,7 +138,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
   constexpr int kIters = kTcTile / kRowStep;          // rows a thread copies per tile
   static_assert(kRowStep % 8 == 0 && kTcTile % kRowStep == 0, "copy mapping");
   const int chunk = threadIdx.x % kChunks, row_base = threadIdx.x / kChunks;
-  const uint32_t sw0 = detail::swz<kHeadDim>(row_base, chunk);  // + kRowStep * i rows
+  const uint32_t sw0 = detail::swz<kRowBytes>(row_base, chunk);  // + kRowStep * i rows
   const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
   const bool soft_cap = p.soft_cap > 0.f;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
@@ -149,8 +176,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
       const T* qrow = p.q + b * p.q_stride_n + int64_t{qh0 + (row_ok ? grp : 0)} * p.q_stride_h;
       FLASHINFER_UNROLL
       for (int ks = 0; ks < kKSteps; ++ks) {
-        const uint32_t lo2 = *reinterpret_cast<const uint32_t*>(qrow + ks * 16 + tig * 2);
-        const uint32_t hi2 = *reinterpret_cast<const uint32_t*>(qrow + ks * 16 + 8 + tig * 2);
+        // fp8 (see the top): k 2 tig + e is dim 16 ks + 4 tig + e, k 2 tig + 8 + e dim 16 ks + 4 tig + 2 + e.
+        const int d_lo = kFp8 ? ks * 16 + tig * 4 : ks * 16 + tig * 2;
+        const int d_hi = kFp8 ? ks * 16 + tig * 4 + 2 : ks * 16 + 8 + tig * 2;
+        const uint32_t lo2 = *reinterpret_cast<const uint32_t*>(qrow + d_lo);
+        const uint32_t hi2 = *reinterpret_cast<const uint32_t*>(qrow + d_hi);
         qa[ks][0] = row_ok ? lo2 : 0u;
         qa[ks][1] = row_ok ? hi2 : 0u;
       }
@@ -169,8 +199,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
     // loop has no division. The page ids of the tile issued next are loaded one iteration
     // ahead (pg), so their latency hides behind a tile of compute instead of stalling the
     // cp.async issue.
-    const T* kbase = p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + chunk * 8;
-    const T* vbase = p.kv.v_data + int64_t{kv_head} * p.v_stride_h + chunk * 8;
+    constexpr int kChunkElems = 16 / static_cast<int>(sizeof(TKV));
+    const TKV* kbase = reinterpret_cast<const TKV*>(p.kv.k_data) + int64_t{kv_head} * p.kv.stride_h + chunk * kChunkElems;
+    const TKV* vbase = reinterpret_cast<const TKV*>(p.kv.v_data) + int64_t{kv_head} * p.v_stride_h + chunk * kChunkElems;
     const bool paged = p.contiguous_len < 0;
     const int32_t* page_ids = paged ? p.kv.indices + it.page_begin : nullptr;
     const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
@@ -279,7 +310,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
             off_v = page * p.v_stride_page + entry * p.v_stride_n;
           }
           cur.advance();
-          const uint32_t so = static_cast<uint32_t>(kRowStep * i * kHeadDim * 2);
+          const uint32_t so = static_cast<uint32_t>(kRowStep * i * kRowBytes);
           cp_async::copy16_or_zero(ks_ + so, kbase + off_k, valid);
           cp_async::copy16_or_zero(vs_ + so, vbase + off_v, valid);
         }
@@ -330,11 +361,28 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
       // S^T = K q^T (16 keys x 8 heads): K rows are the A operand, q the B operand; even and
       // odd k-steps accumulate separately to halve the dependent MMA chain.
       float sc[2][4] = {};
-      FLASHINFER_UNROLL
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t ka[4];
-        mma::ldmatrix_x4(ka, ks_ + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4)));
-        mma::mma_16816<T>(sc[ks & 1], ka, qa[ks]);
+      if constexpr (kFp8) {
+        // One x4 covers 16 keys x two 16-dim chunks (two k-steps): ka[0] / ka[1] keys grp / grp + 8
+        // of chunk 2 kp, ka[2] / ka[3] of chunk 2 kp + 1, four features 4 tig.. each.
+        FLASHINFER_UNROLL
+        for (int kp = 0; kp < kKSteps / 2; ++kp) {
+          uint32_t ka[4];
+          mma::ldmatrix_x4(ka, ks_ + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kp + (lane >> 4)));
+          FLASHINFER_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t a[4] = {detail::fp8x2_to<T, TKV>(ka[2 * h]), detail::fp8x2_to<T, TKV>(ka[2 * h + 1]),
+                                   detail::fp8x2_to<T, TKV>(ka[2 * h] >> 16),
+                                   detail::fp8x2_to<T, TKV>(ka[2 * h + 1] >> 16)};
+            mma::mma_16816<T>(sc[h], a, qa[2 * kp + h]);
+          }
+        }
+      } else {
+        FLASHINFER_UNROLL
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          uint32_t ka[4];
+          mma::ldmatrix_x4(ka, ks_ + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4)));
+          mma::mma_16816<T>(sc[ks & 1], ka, qa[ks]);
+        }
       }
       // x[r][e]: key row0 + grp + 8r, head tig*2 + e (keys fit int32: page tables are int32).
       const int32_t t0 = static_cast<int32_t>(lo + tile * kTcTile) + row0 + grp;
@@ -383,11 +431,32 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
       __syncwarp();
       uint32_t pb[2];
       mma::ldmatrix_x2(pb, sp + (lane & 7) * 16 + ((lane >> 3) & 1) * 8);
-      FLASHINFER_UNROLL
-      for (int n = 0; n < kMTiles; ++n) {
-        uint32_t va[4];  // V^T (dims n*16.. x 16 keys) from V rows via ldmatrix.trans
-        mma::ldmatrix_x4_trans(va, vs_ + at(row0 + (lane & 7) + (lane >> 4) * 8, 2 * n + ((lane >> 3) & 1)));
-        mma::mma_16816<T>(o[n], va, pb);
+      if constexpr (kFp8) {
+        // One x4.trans covers 16 keys x two 16-dim chunks (m-tiles n, n + 1): va[2 j] / va[2 j + 1]
+        // keys 0-7 / 8-15 of chunk n + j, each register dims (2 grp, 2 grp + 1) of keys (2 tig,
+        // 2 tig + 1) as bytes (d0 k0, d1 k0, d0 k1, d1 k1). O^T row grp is dim 16 n + 2 grp, row
+        // grp + 8 dim 16 n + 2 grp + 1.
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kMTiles; n += 2) {
+          uint32_t va[4];
+          mma::ldmatrix_x4_trans(va, vs_ + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, n + (lane >> 4)));
+          FLASHINFER_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t lo = va[2 * j], hi = va[2 * j + 1];
+            const uint32_t a[4] = {detail::fp8x2_to<T, TKV>(__byte_perm(lo, 0, 0x0020)),
+                                   detail::fp8x2_to<T, TKV>(__byte_perm(lo, 0, 0x0031)),
+                                   detail::fp8x2_to<T, TKV>(__byte_perm(hi, 0, 0x0020)),
+                                   detail::fp8x2_to<T, TKV>(__byte_perm(hi, 0, 0x0031))};
+            mma::mma_16816<T>(o[n + j], a, pb);
+          }
+        }
+      } else {
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kMTiles; ++n) {
+          uint32_t va[4];  // V^T (dims n*16.. x 16 keys) from V rows via ldmatrix.trans
+          mma::ldmatrix_x4_trans(va, vs_ + at(row0 + (lane & 7) + (lane >> 4) * 8, 2 * n + ((lane >> 3) & 1)));
+          mma::mma_16816<T>(o[n], va, pb);
+        }
       }
       if constexpr (kBulk) bulk::fence_proxy_async();  // these reads precede the stage's async refill
       __syncthreads();  // the stage (and sp) are rewritten by the next iteration
@@ -410,9 +479,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
     for (int n = 0; n < kMTiles; ++n) {
       FLASHINFER_UNROLL
       for (int e = 0; e < 2; ++e) {
-        float* row = so + (warp * kDecodeMaxGroup + tig * 2 + e) * kHeadDim + n * 16 + grp;
+        float* row = so + (warp * kDecodeMaxGroup + tig * 2 + e) * kHeadDim + n * 16 + (kFp8 ? 2 * grp : grp);
         row[0] = o[n][e];
-        row[8] = o[n][2 + e];
+        row[kFp8 ? 1 : 8] = o[n][2 + e];
       }
     }
     if (grp == 0) {
