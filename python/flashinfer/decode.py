@@ -174,6 +174,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                  f"len(paged_kv_last_page_len_buffer) + 1 ({self._fixed_batch_size + 1})")
         else:
             self._fixed_batch_size = 0
+        self._graph_q_len = None  # under CUDA graphs: q_len_per_req of the first plan (frozen)
+        self._q_len = 1
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
@@ -261,10 +263,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise NotImplementedError("window_right != 0 is not supported in decode")
         if is_causal is not None and bool(is_causal) != (q_len_per_req > 1):
             raise NotImplementedError("is_causal must equal (q_len_per_req > 1)")
-        if q_len_per_req != 1:
-            if not self._use_tensor_cores:
-                raise ValueError("q_len_per_req > 1 requires use_tensor_cores=True")
-            raise NotImplementedError("q_len_per_req > 1 (multi-token decode) is not supported yet")
+        q_len = int(q_len_per_req)
+        if q_len < 1:
+            raise ValueError(f"q_len_per_req must be >= 1; got {q_len_per_req}")
+        if q_len > 1 and not self._use_tensor_cores:
+            raise ValueError("q_len_per_req > 1 requires use_tensor_cores=True")
         if fixed_split_size is not None and not self._use_tensor_cores:
             raise ValueError("fixed_split_size requires use_tensor_cores=True")
         pos_code = _pos_code(pos_encoding_mode)
@@ -316,9 +319,27 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError(f"len(indices) ({indices_h.size}) exceeds paged_kv_indices_buffer "
                                  f"({len(self._paged_kv_indices_buf)})")
 
+        if q_len > 1:
+            if kv_lens.size and int(kv_lens.min()) < q_len:
+                b = int(np.argmin(kv_lens))
+                raise ValueError(f"every kv_len must be >= q_len_per_req ({q_len}); request {b} has {int(kv_lens[b])}")
+            # Multi-token decode (bottom-right causal): query token i of a request of L keys sees
+            # its first L - q_len + 1 + i keys. Each token is planned as a request of its own over
+            # the request's pages: rows b * q_len + i of q / o / lse.
+            rows_lens = (kv_lens[:, None] - np.arange(q_len - 1, -1, -1)[None, :]).reshape(-1)
+            rows_begins = np.repeat(indptr_h[:-1], q_len)
+        else:
+            rows_lens, rows_begins = kv_lens, indptr_h[:-1]
+        if self._use_cuda_graph:
+            if self._graph_q_len is not None and q_len != self._graph_q_len:
+                raise ValueError(f"q_len_per_req is fixed under CUDA graphs by the first plan ({self._graph_q_len}); "
+                                 f"got {q_len}")
+            self._graph_q_len = q_len
+        rows = batch * q_len
+
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         items, merge, n_partial, any_split, _chunk, grid, stages, total_keys = _decode.plan(
-            np.ascontiguousarray(kv_lens, dtype=np.int64), np.ascontiguousarray(indptr_h[:-1], dtype=np.int64),
+            np.ascontiguousarray(rows_lens, dtype=np.int64), np.ascontiguousarray(rows_begins, dtype=np.int64),
             num_qo_heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
             self.device.index or 0, not self._use_cuda_graph,
@@ -334,7 +355,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         #    resets them after use) | (page table, without CUDA graphs) | items [n,8]]
         units = num_kv_heads * _decode.sub_groups(num_qo_heads // num_kv_heads, head_dim)
         parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
-                 kv_lens.astype(np.int32), np.zeros(batch * units, np.int32)]
+                 rows_lens.astype(np.int32), np.zeros(rows * units, np.int32)]
         if not self._use_cuda_graph:
             parts += [indptr_h.astype(np.int32), indices_h.astype(np.int32), last_h.astype(np.int32)]
         parts.append(items.reshape(-1))
@@ -379,13 +400,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # persistent grid. Split requests are merged in-kernel by the CTA that finishes last.
         max_grid = 0 if self._use_cuda_graph else min(int(items.shape[0]), int(grid))
         self._runner = _decode.DecodeRunner(
-            self.device.index or 0, q_name, batch, num_qo_heads, num_kv_heads, head_dim, int(page_size),
+            self.device.index or 0, q_name, rows, num_qo_heads, num_kv_heads, head_dim, int(page_size),
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
             base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
             self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages,
             0 if self._use_cuda_graph else total_keys, kv_code)
         self._batch_size = batch
+        self._q_len = q_len
         self._num_qo_heads = num_qo_heads
         self._head_dim = head_dim
         self._window_left = window_left
@@ -402,7 +424,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
         self._plan_kwargs = dict(q_data_type=q_name, kv_data_type=kv_name, o_data_type=o_name,
                                  non_blocking=non_blocking, block_tables=block_tables, seq_lens=seq_lens,
-                                 fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
+                                 fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+                                 q_len_per_req=q_len)
         self._to_dlpack = torch._C._to_dlpack
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._empty_like = torch.empty_like  # ~0.7 us cheaper than q.new_empty(q.shape) (no size tuple)
@@ -425,8 +448,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise NotImplementedError("sinks / skip_softmax_threshold_scale_factor / kv_cache_sf are not supported")
         if q_len_per_req is not None:
             warnings.warn("run(q_len_per_req=...) is deprecated", DeprecationWarning, stacklevel=2)
-            if q_len_per_req != 1:
-                raise ValueError(f"q_len_per_req must be 1 for this plan; got {q_len_per_req}")
+            if q_len_per_req != self._q_len:
+                raise ValueError(f"q_len_per_req must be {self._q_len} for this plan; got {q_len_per_req}")
+        if self._q_len > 1 and q.shape[0] != self._batch_size * self._q_len:
+            raise ValueError(f"q must have batch_size * q_len_per_req = {self._batch_size} * {self._q_len} rows; "
+                             f"got {q.shape[0]}")
         dl = self._to_dlpack
         if self._kv_fp8 is not None:  # the binding takes fp8 caches as their uint8 views
             dl = self._fp8_cache_view

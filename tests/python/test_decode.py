@@ -548,6 +548,92 @@ def test_fp8_kv_validation():
         flashinfer.single_decode_with_kv_cache(q[0], k, k.to(torch.float8_e5m2))
 
 
+# ---- multi-token decode (q_len_per_req > 1, speculative verification): causal within each request,
+# bottom-right aligned: query token i of a request of L keys sees its first L - q_len + 1 + i keys.
+@pytest.mark.parametrize("q_len,layout,ps,hq,hkv,dtype,pos", [
+    (2, "NHD", 16, 32, 8, torch.bfloat16, "NONE"),
+    (4, "HND", 5, 32, 4, torch.float16, "NONE"),
+    (3, "NHD", 1, 8, 8, torch.bfloat16, "ROPE_LLAMA"),  # RoPE: q at its own position (CUDA cores)
+    (7, "NHD", 16, 32, 8, torch.float16, "ALIBI"),
+])
+def test_multi_token_decode(q_len, layout, ps, hq, hkv, dtype, pos):
+    d = 128
+    lens = [100, 4096, q_len, 3000, 20000, 9 + q_len]  # one request of exactly q_len keys; one that splits
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, dtype, layout)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=CUDA), layout,
+                                                      use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, pos_encoding_mode=pos, q_data_type=dtype, q_len_per_req=q_len,
+           is_causal=True)
+    q = torch.randn(len(lens) * q_len, hq, d, dtype=dtype, device=CUDA)
+    o, lse = w.run(q, cache, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (q.shape[0], hq)
+    for b, L in enumerate(lens):
+        kb, vb = gather_pages(k, v, layout, indptr, indices, last, b)
+        for i in range(q_len):
+            r = b * q_len + i
+            n = L - q_len + 1 + i
+            ro, rl = decode_one(q[r], kb[:n], vb[:n], sm_scale=1 / math.sqrt(d), pos_encoding_mode=pos)
+            assert_attention_close(o[r], ro, f"o[{b}, {i}]")
+            assert_lse_close(lse[r], rl, f"lse[{b}, {i}]")
+
+
+def test_multi_token_decode_validation_and_cuda_graph():
+    hq, hkv, d, ps, batch, q_len = 32, 8, 128, 16, 3, 2
+    max_pages = 2048
+    bufs = [torch.empty(batch + 1, dtype=torch.int32, device=CUDA), torch.empty(max_pages, dtype=torch.int32, device=CUDA),
+            torch.empty(batch, dtype=torch.int32, device=CUDA)]
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA), "NHD",
+                                                      use_cuda_graph=True, use_tensor_cores=True,
+                                                      paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
+                                                      paged_kv_last_page_len_buffer=bufs[2])
+    k = torch.randn(max_pages, ps, hkv, d, dtype=torch.bfloat16, device=CUDA)
+    v = torch.randn_like(k)
+
+    def plan(lens, **kw):
+        n = [(l + ps - 1) // ps for l in lens]
+        indptr = [0]
+        for x in n:
+            indptr.append(indptr[-1] + x)
+        indices = torch.randperm(max_pages)[:indptr[-1]].tolist()
+        last = [l - (x - 1) * ps for l, x in zip(lens, n)]
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, q_len_per_req=q_len, **kw)
+        return indptr, indices, last
+
+    with pytest.raises(ValueError, match="every kv_len must be >= q_len_per_req"):
+        plan([50, 1, 60])
+    meta = plan([50, 70, 60])
+    q = torch.randn(batch * q_len, hq, d, dtype=torch.bfloat16, device=CUDA)
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="q must have batch_size \\* q_len_per_req"):
+        w.run(q[:batch], (k, v))
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="q_len_per_req must be 2"):
+        w.run(q, (k, v), q_len_per_req=3)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q, (k, v), out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(q, (k, v), out=out)
+    for lens in ([50, 70, 60], [20000, 2, 3000]):  # the second splits the long request
+        meta = plan(lens)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for b, L in enumerate(lens):
+            kb, vb = gather_pages(k, v, "NHD", meta[0], meta[1], meta[2], b)
+            for i in range(q_len):
+                n = L - q_len + 1 + i
+                ro, _ = decode_one(q[b * q_len + i], kb[:n], vb[:n], sm_scale=1 / math.sqrt(d))
+                assert_attention_close(out[b * q_len + i], ro, f"o[{b}, {i}]")
+    with pytest.raises(ValueError, match="q_len_per_req is fixed under CUDA graphs"):
+        w.plan([0, 4, 9, 13], list(range(13)), [2, 6, 12], hq, hkv, d, ps, q_data_type=torch.bfloat16,
+               q_len_per_req=3)
+    with pytest.raises(ValueError, match="requires use_tensor_cores=True"):
+        _wrapper().plan([0, 1], [0], [5], hq, hkv, d, ps, q_len_per_req=2)
+
+
 def test_fast_decode_plan_resolves_dtypes_as_plan_does():
     """Engines bind the module-level fast_decode_plan as wrapper.plan: data_type fills the q and
     KV dtypes left None, as plan() does."""
