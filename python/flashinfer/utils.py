@@ -17,6 +17,7 @@ __all__ = [
     "is_sm90a_supported",
     "round_up",
     "cuda_available",
+    "FP4Tensor",
 ]
 
 
@@ -74,6 +75,24 @@ def is_sm90a_supported(device: Any) -> bool:
 
 def round_up(x: int, y: int) -> int:
     return (x + y - 1) // y * y
+
+
+class FP4Tensor:
+    """A packed FP4 (e2m1) tensor as FlashInfer's FP4 GEMMs exchange it: ``data`` uint8 with two
+    values per byte (innermost dimension ceil(original / 2)), ``scale`` float8_e4m3fn block scale
+    factors, ``scale_start_index`` the first token the scales cover, ``original_shape`` the
+    unpacked shape. A container only: no kernel here takes FP4 (engines import the name)."""
+
+    def __init__(self, data: Any, scale: Any, scale_start_index: int = 0, original_shape: Any = None) -> None:
+        if str(getattr(data, "dtype", "")).replace("torch.", "") != "uint8":
+            raise ValueError(f"FP4Tensor: data must be uint8; got {getattr(data, 'dtype', type(data))}")
+        if str(getattr(scale, "dtype", "")).replace("torch.", "") != "float8_e4m3fn":
+            raise ValueError(f"FP4Tensor: scale must be float8_e4m3fn; got {getattr(scale, 'dtype', type(scale))}")
+        self.data = data
+        self.scale = scale
+        self.scale_start_index = int(scale_start_index)
+        self.original_shape = original_shape
+        self.dtype = "nvfp4"
 
 
 def cuda_available() -> bool:
