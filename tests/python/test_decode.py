@@ -530,6 +530,31 @@ def test_fp8_kv_tensor_cores_agree_with_cuda_cores(fp8, dtype):
     check_batch(outs[1][0], outs[1][1], q, deq, "NHD")
 
 
+def test_fp8_kv_rows_8_byte_aligned_take_cuda_cores():
+    """The fp8 tensor-core path copies 16 bytes at a time: a cache whose rows are only 8-byte
+    aligned (a head_dim 128 view of 136-wide rows, one KV head) runs on the CUDA-core kernel
+    under use_tensor_cores=True, with the right answer."""
+    lens = [700, 33, 2000]
+    ps, hkv, d, hq = 16, 1, 128, 4
+    n_pages = sum((l + ps - 1) // ps for l in lens) + 2
+    store_k = torch.randn(n_pages, ps, hkv, 136, device=CUDA).to(torch.float8_e4m3fn)
+    store_v = torch.randn(n_pages, ps, hkv, 136, device=CUDA).to(torch.float8_e4m3fn)
+    k, v = store_k[..., :d], store_v[..., :d]
+    perm = torch.randperm(n_pages).tolist()
+    indptr, indices, last = [0], [], []
+    for l in lens:
+        n = (l + ps - 1) // ps
+        indices += perm[len(indices):len(indices) + n]
+        indptr.append(len(indices))
+        last.append(l - (n - 1) * ps)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=CUDA),
+                                                      use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+    q = torch.randn(len(lens), hq, d, dtype=torch.bfloat16, device=CUDA)
+    o, lse = w.run(q, (k, v), return_lse=True)
+    check_batch(o, lse, q, (k.float(), v.float(), indptr, indices, last), "NHD")
+
+
 def test_fp8_kv_validation():
     lens = [100]
     cache, deq = _fp8_cache(lens, 16, 8, 128, "NHD", "e4m3")

@@ -21,9 +21,6 @@ namespace attention {
 // the CUDA-core kernel (decode_uses_tc).
 enum class KVCache : int { kSameAsQ = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
-// Bytes of one cache element.
-FLASHINFER_HOST_DEVICE constexpr int kv_cache_bytes(KVCache kv, int q_bytes) { return kv == KVCache::kSameAsQ ? q_bytes : 1; }
-
 // Where a request's keys live: a paged cache (page table in `kv`), or one contiguous
 // sequence (indices == nullptr: token t at t * stride_n, length contiguous_len).
 template <typename T>

@@ -143,10 +143,11 @@ inline CUtensorMapL2promotion decode_tc_l2_promotion() {
   return promo;
 }
 
-// Bulk copies need 16-byte aligned rows: base pointers and every stride in whole 16 bytes.
+// Bulk copies (and the fp8 tensor-core path's 16-byte cp.async of 16 elements) need 16-byte
+// aligned rows: base pointers and every stride in whole 16 bytes of cache elements.
 template <typename T>
 bool decode_tc_bulk_aligned(const DecodeParams<T>& p) {
-  constexpr int64_t kE = 16 / sizeof(T);
+  const int64_t kE = p.kv_cache == KVCache::kSameAsQ ? int64_t{16 / sizeof(T)} : 16;
   auto al = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return al(p.kv.k_data) && al(p.kv.v_data) && p.kv.stride_page % kE == 0 && p.kv.stride_n % kE == 0 &&
          p.kv.stride_h % kE == 0 && p.v_stride_page % kE == 0 && p.v_stride_n % kE == 0 && p.v_stride_h % kE == 0;
@@ -276,7 +277,9 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, i
 template <typename T, int kHeadDim, int kG>
 cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_merge, int64_t max_grid,
                              cudaStream_t stream) {
-  const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim, p.kv_cache);
+  // fp8 caches whose rows are only 8-byte aligned take the CUDA-core kernel (8-byte copies).
+  const bool tc = decode_uses_tc(use_tc, p.pos_encoding, kHeadDim, p.kv_cache) &&
+                  (p.kv_cache == KVCache::kSameAsQ || decode_tc_bulk_aligned(p));
   TcCopy copy = TcCopy::kCpAsync;
   DecodeTensorMaps maps{};  // (only the box engine reads them)
   if (tc && p.kv_cache == KVCache::kSameAsQ) {
