@@ -28,28 +28,27 @@ FLASHINFER_DEVICE void copy16_or_zero(void* smem, const void* gmem, bool valid) 
                : "memory");
 }
 
-// 8-byte copies (.ca: .cg takes 16 bytes only), for the fp8 KV cache's 8-feature vectors.
-FLASHINFER_DEVICE void copy8(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
-}
-FLASHINFER_DEVICE void copy8_or_zero(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 8 : 0)
-               : "memory");
-}
-
-// kBytes (16 or 8) from gmem, or zeros when !valid.
-template <int kBytes>
-FLASHINFER_DEVICE void copy(void* smem, const void* gmem) {
-  static_assert(kBytes == 16 || kBytes == 8, "16- or 8-byte copies");
-  if constexpr (kBytes == 16) copy16(smem, gmem);
-  else copy8(smem, gmem);
-}
+// kBytes (16 or 8) from gmem, or zeros when !valid. 8 bytes (the fp8 KV cache's 8-feature
+// vectors) take .ca: .cg copies 16 bytes only.
 template <int kBytes>
 FLASHINFER_DEVICE void copy_or_zero(void* smem, const void* gmem, bool valid) {
   static_assert(kBytes == 16 || kBytes == 8, "16- or 8-byte copies");
-  if constexpr (kBytes == 16) copy16_or_zero(smem, gmem, valid);
-  else copy8_or_zero(smem, gmem, valid);
+  if constexpr (kBytes == 16) {
+    copy16_or_zero(smem, gmem, valid);
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(valid ? 8 : 0)
+                 : "memory");
+  }
+}
+template <int kBytes>
+FLASHINFER_DEVICE void copy(void* smem, const void* gmem) {
+  static_assert(kBytes == 16 || kBytes == 8, "16- or 8-byte copies");
+  if constexpr (kBytes == 16) {
+    copy16(smem, gmem);
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+  }
 }
 
 FLASHINFER_DEVICE void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

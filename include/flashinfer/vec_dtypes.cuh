@@ -75,22 +75,27 @@ FLASHINFER_DEVICE Vec<T, 16 / sizeof(T)> load16(const void* p) {
   return v;
 }
 
+// Two fp8 values (bits 0-7 and 8-15 of v; TKV __nv_fp8_e4m3 or __nv_fp8_e5m2) as an fp16 pair,
+// exactly (a hardware cvt on sm_89+).
+template <typename TKV>
+FLASHINFER_DEVICE __half2 fp8x2_to_half2(uint32_t v) {
+  constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<TKV, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), kInterp));
+}
+
 // Eight cache elements of type TKV at p (shared memory, aligned to their size: 16 bytes of
-// fp16 / bf16 or 8 of fp8) as floats. fp8 (__nv_fp8_e4m3 / __nv_fp8_e5m2) converts exactly, two
-// at a time through fp16 (a hardware cvt on sm_89+).
+// fp16 / bf16 or 8 of fp8) as floats. fp8 converts exactly, two at a time through fp16.
 template <typename TKV>
 FLASHINFER_DEVICE void load8_to_float(const void* p, float* f) {
   if constexpr (sizeof(TKV) == 2) {
     load16<TKV>(p).to_float(f);
   } else {
     static_assert(sizeof(TKV) == 1, "fp16 / bf16 or fp8 cache elements");
-    constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<TKV, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
     const uint2 u = *static_cast<const uint2*>(p);
     FLASHINFER_UNROLL
     for (int i = 0; i < 4; ++i) {
       const uint32_t w = i < 2 ? u.x : u.y;
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> (16 * (i & 1))), kInterp);
-      const float2 v = __half22float2(__half2(h));
+      const float2 v = __half22float2(fp8x2_to_half2<TKV>(w >> (16 * (i & 1))));
       f[2 * i] = v.x;
       f[2 * i + 1] = v.y;
     }

@@ -454,17 +454,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"q must have batch_size * q_len_per_req = {self._batch_size} * {self._q_len} rows; "
                              f"got {q.shape[0]}")
         dl = self._to_dlpack
-        if self._kv_fp8 is not None:  # the binding takes fp8 caches as their uint8 views
-            dl = self._fp8_cache_view
+        kv_dl = dl if self._kv_fp8 is None else self._fp8_cache_view  # fp8: the binding takes uint8 views
         if type(paged_kv_cache) is tuple or isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
-            kv_a, kv_b = dl(paged_kv_cache[0]), dl(paged_kv_cache[1])
+            kv_a, kv_b = kv_dl(paged_kv_cache[0]), kv_dl(paged_kv_cache[1])
         elif hasattr(paged_kv_cache, "data_ptr"):
-            kv_a, kv_b = dl(paged_kv_cache), None
+            kv_a, kv_b = kv_dl(paged_kv_cache), None
         else:
             raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
-        dl = self._to_dlpack
         if out is None:
             out = self._empty_like(q)  # (a given out is checked by the binding: shape, dtype, device)
         if return_lse and lse is None:

@@ -82,13 +82,12 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
 // Two fp8 values (bits 0-7 and 8-15 of v) as a packed pair of T, exactly.
 template <typename T, typename TKV>
 FLASHINFER_DEVICE uint32_t fp8x2_to(uint32_t v) {
-  constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<TKV, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), kInterp);
+  const __half2 h = fp8x2_to_half2<TKV>(v);
   uint32_t w;
   if constexpr (std::is_same_v<T, __half>) {
     memcpy(&w, &h, 4);
   } else {
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
     memcpy(&w, &b, 4);
   }
   return w;

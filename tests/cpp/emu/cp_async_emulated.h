@@ -38,8 +38,6 @@ inline void copy_n(void* smem, const void* gmem, bool valid, int bytes) {
 }
 inline void copy16_or_zero(void* smem, const void* gmem, bool valid) { copy_n(smem, gmem, valid, 16); }
 inline void copy16(void* smem, const void* gmem) { copy16_or_zero(smem, gmem, true); }
-inline void copy8_or_zero(void* smem, const void* gmem, bool valid) { copy_n(smem, gmem, valid, 8); }
-inline void copy8(void* smem, const void* gmem) { copy8_or_zero(smem, gmem, true); }
 template <int kBytes>
 inline void copy(void* smem, const void* gmem) { copy_n(smem, gmem, true, kBytes); }
 template <int kBytes>
