@@ -67,13 +67,12 @@ FLASHINFER_HOST_DEVICE constexpr uint32_t swizzle128(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// A 4-D tiled map of 16-bit elements: dims[0] contiguous, byte strides of dims 1..3, box
-// extents `box`, 128-byte swizzle, L2 promotion `promotion` (bytes L2 fetches per miss).
+// A 4-D tiled map of elem_bytes-byte elements (1 or 2): dims[0] contiguous, byte strides of dims
+// 1..3, box extents `box`, 128-byte swizzle, L2 promotion `promotion` (bytes L2 fetches per miss).
 // Fails (cudaErrorNotSupported / cudaErrorInvalidValue) where the driver has no tensor maps
 // or rejects the geometry; callers then copy otherwise.
-inline cudaError_t encode_4d_16bit(CUtensorMap* map, const void* base, const uint64_t dims[4],
-                                   const uint64_t strides[3], const uint32_t box[4],
-                                   CUtensorMapL2promotion promotion) {
+inline cudaError_t encode_4d(CUtensorMap* map, int elem_bytes, const void* base, const uint64_t dims[4],
+                             const uint64_t strides[3], const uint32_t box[4], CUtensorMapL2promotion promotion) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q;
@@ -88,7 +87,8 @@ inline cudaError_t encode_4d_16bit(CUtensorMap* map, const void* base, const uin
   cuuint32_t b[4], e[4] = {1, 1, 1, 1};
   for (int i = 0; i < 4; ++i) d[i] = dims[i], b[i] = box[i];
   for (int i = 0; i < 3; ++i) s[i] = strides[i];
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), d, s, b, e,
+  if (elem_bytes != 1 && elem_bytes != 2) return cudaErrorInvalidValue;
+  const CUresult r = encode(map, elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), d, s, b, e,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;

@@ -28,6 +28,21 @@ template <>
 FLASHINFER_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // N elements of T stored together; 16-byte vectors load and store as one 128-bit access.
+// A pair of 16-bit values in one 32-bit word (low half first) as two floats; the pointer picks
+// the type. bf16 -> f32 is a shift.
+FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __nv_bfloat16*) {
+  const uint32_t lo = w << 16, hi = w & 0xffff0000u;
+  float2 f;
+  memcpy(&f.x, &lo, 4);
+  memcpy(&f.y, &hi, 4);
+  return f;
+}
+FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __half*) {
+  __half2 h;
+  memcpy(static_cast<void*>(&h), &w, 4);
+  return __half22float2(h);
+}
+
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
   T v[N];

@@ -51,6 +51,10 @@ class Framework:
         through and the binding checks their dtype."""
         return x
 
+    def scale_(self, x: Any, s: float) -> None:
+        """``x *= s`` in place, on the framework's current stream."""
+        raise TypeError(f"flashinfer cannot scale a {type(x).__module__}.{type(x).__name__} in place")
+
 
 class _Torch(Framework):
     name = "torch"
@@ -75,6 +79,9 @@ class _Torch(Framework):
 
     def as_f32(self, x: Any) -> Any:
         return x if x.dtype is self.torch.float32 else x.float()
+
+    def scale_(self, x: Any, s: float) -> None:
+        x.mul_(s)
 
 
 class _CuPy(Framework):
@@ -111,6 +118,10 @@ class _CuPy(Framework):
             return x
         with x.device:
             return x.astype(self.cupy.float32)
+
+    def scale_(self, x: Any, s: float) -> None:
+        with x.device:
+            x *= s
 
 
 class _NumPy(Framework):

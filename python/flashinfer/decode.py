@@ -285,9 +285,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         kv_name = _dtype_name(kv_data_type, "kv_data_type", fp8_ok=True) or q_name
         o_name = _dtype_name(o_data_type, "o_data_type") or q_name
         kv_code = _KV_FP8_CODES.get(kv_name, 0)
-        if (kv_code == 0 and kv_name != q_name) or o_name != q_name:
-            raise NotImplementedError(f"q and o dtypes must match, and kv must match them or be fp8 (got q={q_name}, "
-                                      f"kv={kv_name}, o={o_name})")
+        if kv_code == 0 and kv_name != q_name:
+            raise NotImplementedError(f"kv_data_type must equal q_data_type or be fp8 (got q={q_name}, kv={kv_name})")
         window_left = -1 if window_left is None else int(window_left)
         soft_cap = _soft_cap(logits_soft_cap)
         sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
@@ -420,6 +419,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._cached_kv_data_type = getattr(torch, kv_name)
         self._kv_fp8 = self._cached_kv_data_type if kv_code else None  # run() checks and views fp8 caches
         self._cached_o_data_type = getattr(torch, o_name)
+        # o_data_type other than q's: the kernels write q's dtype into a temporary that run()
+        # casts into o (one extra pass over o, a few KB per step; rounding fp16 -> bf16 twice
+        # equals rounding once, bf16 -> fp16 keeps bf16's 8 bits)
+        self._o_cast = self._cached_o_data_type if o_name != q_name else None
         self._page_size = int(page_size)
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
         self._plan_kwargs = dict(q_data_type=q_name, kv_data_type=kv_name, o_data_type=o_name,
@@ -427,6 +430,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                  fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
                                  q_len_per_req=q_len)
         self._to_dlpack = torch._C._to_dlpack
+        self._tensor_type = torch.Tensor
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._empty_like = torch.empty_like  # ~0.7 us cheaper than q.new_empty(q.shape) (no size tuple)
         self._dev_index = self.device.index or 0
@@ -453,6 +457,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if self._q_len > 1 and q.shape[0] != self._batch_size * self._q_len:
             raise ValueError(f"q must have batch_size * q_len_per_req = {self._batch_size} * {self._q_len} rows; "
                              f"got {q.shape[0]}")
+        scale = 1.0
+        if q_scale is not None:
+            scale *= q_scale
+        if k_scale is not None:
+            scale *= k_scale
+        if type(q) is not self._tensor_type:
+            return self._run_dlpack(q, paged_kv_cache, out, lse, return_lse, scale, v_scale, enable_pdl)
         dl = self._to_dlpack
         kv_dl = dl if self._kv_fp8 is None else self._fp8_cache_view  # fp8: the binding takes uint8 views
         if type(paged_kv_cache) is tuple or isinstance(paged_kv_cache, (tuple, list)):
@@ -463,19 +474,57 @@ class BatchDecodeWithPagedKVCacheWrapper:
             kv_a, kv_b = kv_dl(paged_kv_cache), None
         else:
             raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
+        o_cast = self._o_cast
+        if o_cast is not None:  # the kernels write q's dtype; o is cast from it below
+            result = self._checked_cast_out(q, out, o_cast)
+            out = None
         if out is None:
             out = self._empty_like(q)  # (a given out is checked by the binding: shape, dtype, device)
         if return_lse and lse is None:
             lse = q.new_empty((q.shape[0], q.shape[1]), dtype=_torch().float32)
-        scale = 1.0
-        if q_scale is not None:
-            scale *= q_scale
-        if k_scale is not None:
-            scale *= k_scale
         runner.run(dl(q), kv_a, kv_b, dl(out), None if lse is None else dl(lse), scale,
                    self._raw_stream(self._dev_index), enable_pdl is not False)
         if v_scale is not None and v_scale != 1:
             out.mul_(v_scale)
+        if o_cast is not None:
+            out = result.copy_(out)
+        return (out, lse) if return_lse else out
+
+    def _checked_cast_out(self, q, out, o_dtype):
+        """The o tensor of a plan whose o_data_type differs from q's: ``out`` checked exactly
+        (shape, dtype, device), or a new one."""
+        if out is None:
+            return q.new_empty(q.shape, dtype=o_dtype)
+        if tuple(out.shape) != tuple(q.shape) or out.dtype != o_dtype or out.device != q.device:
+            raise ValueError(f"Invalid shape of out: expected {tuple(q.shape)} {o_dtype} on {q.device}; got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        return out
+
+    def _run_dlpack(self, q, paged_kv_cache, out, lse, return_lse, scale, v_scale, enable_pdl):
+        """run() for q from another DLPack framework (CuPy ...): outputs are allocated with, and
+        the kernels run on the current stream of, q's framework."""
+        fw = framework_of(q, "q")
+        if self._kv_fp8 is not None:
+            raise ValueError(f"an fp8 KV cache ({self._kv_fp8}) needs torch tensors; got q as "
+                             f"{type(q).__module__}.{type(q).__name__}")
+        if self._o_cast is not None:
+            raise ValueError(f"o_data_type {self._o_cast} differs from q's dtype: supported for torch tensors only; "
+                             f"got q as {type(q).__module__}.{type(q).__name__}")
+        if isinstance(paged_kv_cache, (tuple, list)):
+            if len(paged_kv_cache) != 2:
+                raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
+            kv_a = to_dlpack(paged_kv_cache[0], "paged_kv_cache[0]")
+            kv_b = to_dlpack(paged_kv_cache[1], "paged_kv_cache[1]")
+        else:
+            kv_a, kv_b = to_dlpack(paged_kv_cache, "paged_kv_cache"), None
+        if out is None:
+            out = fw.empty_like(q)
+        if return_lse and lse is None:
+            lse = fw.empty_f32((q.shape[0], q.shape[1]), q)
+        self._runner.run(fw.to_dlpack(q), kv_a, kv_b, to_dlpack(out, "out"),
+                         None if lse is None else to_dlpack(lse, "lse"), scale, fw.stream(q), enable_pdl is not False)
+        if v_scale is not None and v_scale != 1:
+            fw.scale_(out, v_scale)
         return (out, lse) if return_lse else out
 
     def _fp8_cache_view(self, t: Any) -> Any:

@@ -142,11 +142,11 @@ def test_batch_decode_smoke():
 @pytest.mark.parametrize("engine", ["cpasync", "bulk", "boxes"])
 def test_copy_engines(engine):
     """Every copy engine of the tensor-core kernel (FLASHINFER_DECODE_COPY; sm_90 takes boxes by
-    default where the cache suits them, rows otherwise, cp.async only through the knob) passes
-    the tensor-core cases and the CUDA-graph replay. A fresh interpreter: the knob is read once."""
+    default where the cache suits them, rows otherwise (fp8 caches: cp.async), cp.async only
+    through the knob) passes the tensor-core cases, the fp8 ones and the CUDA-graph replay. A fresh interpreter: the knob is read once."""
     env = dict(os.environ, FLASHINFER_DECODE_COPY=engine)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores"],
+                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores or fp8_kv"],
                        env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
@@ -530,6 +530,30 @@ def test_fp8_kv_tensor_cores_agree_with_cuda_cores(fp8, dtype):
     check_batch(outs[1][0], outs[1][1], q, deq, "NHD")
 
 
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_fp8_kv_tensor_cores_bf16_q_beyond_fp16_range(fp8):
+    """With fp8 caches the tensor cores multiply in fp16, bf16 q scaled per head by a power of two:
+    heads far outside fp16's range (1e6: overflow, 1e-7: subnormal) next to ordinary ones must
+    give the float32 reference's answer, each head with its own scale."""
+    lens = [3000, 700, 64, 1]
+    hq, hkv, d = 32, 4, 128
+    cache, deq = _fp8_cache(lens, 16, hkv, d, "NHD", fp8)
+    indptr, indices, last = deq[2:]
+    mag = torch.tensor([1e6, 1e-7, 3.0, 0.3, 1e4, 1e-3, 30.0, 1.0] * (hq // 8), device=CUDA)
+    q = (torch.randn(len(lens), hq, d, device=CUDA) * mag[None, :, None] / 12).bfloat16()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA),
+                                                      use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, hkv, d, 16, q_data_type=torch.bfloat16, kv_data_type=FP8[fp8])
+    o, lse = w.run(q, cache, return_lse=True)
+    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
+    for b in range(len(lens)):  # head by head: the LSE tolerance scales with the row's largest
+        kb, vb = gather_pages(deq[0], deq[1], "NHD", indptr, indices, last, b)
+        ro, rl = decode_one(q[b], kb, vb, sm_scale=1.0 / math.sqrt(d))
+        for h in range(hq):
+            assert_attention_close(o[b, h], ro[h], f"o[{b}, {h}]")
+            assert_lse_close(lse[b, h:h + 1], rl[h:h + 1], f"lse[{b}, {h}]")
+
+
 def test_fp8_kv_rows_8_byte_aligned_take_cuda_cores():
     """The fp8 tensor-core path copies 16 bytes at a time: a cache whose rows are only 8-byte
     aligned (a head_dim 128 view of 136-wide rows, one KV head) runs on the CUDA-core kernel
@@ -673,8 +697,61 @@ def test_fast_decode_plan_resolves_dtypes_as_plan_does():
     w.plan(indptr, indices, last, hq, hkv, d, ps, data_type=torch.bfloat16)
     o, lse = w.run(q, cache, return_lse=True)
     check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
-    with pytest.raises(NotImplementedError, match="q and o dtypes must match, and kv must match them or be fp8"):
+    with pytest.raises(NotImplementedError, match="kv_data_type must equal q_data_type or be fp8"):
         w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16, data_type=torch.bfloat16)
+
+
+@pytest.mark.parametrize("q_dtype,o_dtype", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("use_tc", [False, True])
+def test_o_data_type_other_than_q(q_dtype, o_dtype, use_tc):
+    """o_data_type (spec 1.3): o comes back in that dtype, equal to the attention of the float32
+    reference; a given out must have it."""
+    hq, hkv, d, ps = 32, 8, 128, 16
+    lens = [700, 33, 0, 9000]  # 9000: split-KV
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, q_dtype, "NHD")
+    q = torch.randn(len(lens), hq, d, dtype=q_dtype, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA), "NHD",
+                                                      use_tensor_cores=use_tc)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=q_dtype, o_data_type=o_dtype)
+    o, lse = w.run(q, cache, return_lse=True)
+    assert o.dtype == o_dtype and o.shape == q.shape
+    check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
+    out = torch.full(q.shape, float("nan"), dtype=o_dtype, device=CUDA)
+    r = w.run(q, cache, out=out, v_scale=0.5)
+    assert r is out
+    torch.testing.assert_close(out.float(), 0.5 * o.float(), rtol=1e-2, atol=1e-3)
+    with pytest.raises(ValueError, match="Invalid shape of out"):
+        w.run(q, cache, out=torch.empty(q.shape, dtype=q_dtype, device=CUDA))
+    with pytest.raises(ValueError, match="Invalid shape of out"):
+        w.run(q, cache, out=torch.empty((len(lens), hq, 64), dtype=o_dtype, device=CUDA))
+
+
+def test_cupy_arrays_in_the_wrapper():
+    """BatchDecodeWithPagedKVCacheWrapper.run takes CuPy q / caches (DLPack): CuPy outputs, run on
+    CuPy's current stream, the same numbers as torch tensors give."""
+    cupy = pytest.importorskip("cupy")
+    hq, hkv, d, ps = 32, 8, 128, 16
+    lens = [700, 33, 5000]
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, torch.float16, "NHD", form="5d")
+    q = torch.randn(len(lens), hq, d, dtype=torch.float16, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA), "NHD")
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16)
+    o, lse = w.run(q, cache, return_lse=True)
+    check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
+    torch.cuda.synchronize()
+    q_c, cache_c = cupy.from_dlpack(q), cupy.from_dlpack(cache)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        o_c, lse_c = w.run(q_c, cache_c, return_lse=True)
+        o_t = w.run(q_c, (cupy.from_dlpack(k), cupy.from_dlpack(v)), v_scale=2.0)
+    stream.synchronize()
+    assert isinstance(o_c, cupy.ndarray) and isinstance(lse_c, cupy.ndarray) and isinstance(o_t, cupy.ndarray)
+    assert torch.equal(torch.from_dlpack(o_c), o) and torch.equal(torch.from_dlpack(lse_c), lse)
+    assert torch.equal(torch.from_dlpack(o_t), o * 2.0)
+    out_c = cupy.empty_like(q_c)
+    assert w.run(q_c, cache_c, out=out_c) is out_c
+    cupy.cuda.get_current_stream().synchronize()
+    assert torch.equal(torch.from_dlpack(out_c), o)
 
 
 def test_disable_split_kv_is_batch_invariant():

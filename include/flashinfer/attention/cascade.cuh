@@ -19,16 +19,8 @@ namespace flashinfer {
 namespace attention {
 namespace detail {
 
-// A pair of 16-bit values in one 32-bit word <-> two floats. bf16 -> f32 is a shift; f32 -> pair
-// is one cvt.rn.{bf16x2,f16x2}.f32.
-FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __nv_bfloat16*) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __half*) {
-  __half2 h;
-  memcpy(&h, &w, 4);
-  return __half22float2(h);
-}
+// Two floats -> a pair of 16-bit values in one 32-bit word: one cvt.rn.{bf16x2,f16x2}.f32 (the
+// other way is vec_dtypes.cuh's unpack2).
 FLASHINFER_DEVICE uint32_t pack2(float lo, float hi, const __nv_bfloat16*) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   uint32_t w;

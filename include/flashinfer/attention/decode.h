@@ -86,7 +86,7 @@ FLASHINFER_HOST_DEVICE constexpr int decode_sub_groups(int group_size, int head_
   return (group_size + decode_max_group(head_dim) - 1) / decode_max_group(head_dim);
 }
 
-// fp8 caches on tensor cores: head_dim 128 (rows of 8 swizzled 16-byte chunks), cp.async copies.
+// fp8 caches on tensor cores: head_dim 128 (rows of 8 swizzled 16-byte chunks), box or cp.async copies.
 FLASHINFER_HOST_DEVICE constexpr bool decode_tc_takes_fp8(int head_dim) { return head_dim == 128; }
 
 // Which kernel a call takes: the tensor-core kernel when asked for, except for in-kernel RoPE

@@ -171,11 +171,12 @@ template <typename T>
 bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   struct Key {
     const void *k, *v;
-    int64_t geometry[11];
+    int64_t geometry[12];
   };
-  static_assert(sizeof(Key) == 2 * sizeof(void*) + 11 * sizeof(int64_t), "no padding: compared bytewise");
+  static_assert(sizeof(Key) == 2 * sizeof(void*) + 12 * sizeof(int64_t), "no padding: compared bytewise");
   const Key key{p.kv.k_data, p.kv.v_data, {p.head_dim, p.num_kv_heads, p.kv.page_size, p.num_pages, p.contiguous_len,
-                p.kv.stride_page, p.kv.stride_n, p.kv.stride_h, p.v_stride_page, p.v_stride_n, p.v_stride_h}};
+                p.kv.stride_page, p.kv.stride_n, p.kv.stride_h, p.v_stride_page, p.v_stride_n, p.v_stride_h,
+                static_cast<int64_t>(p.kv_cache)}};
   struct Cached {
     Key key;
     DecodeTensorMaps maps;
@@ -190,16 +191,18 @@ bool decode_tc_tensor_maps(const DecodeParams<T>& p, DecodeTensorMaps* m) {
   const bool contiguous = p.contiguous_len >= 0;
   const int64_t ps = contiguous ? p.contiguous_len : p.kv.page_size, pages = contiguous ? 1 : p.num_pages;
   const int64_t e = ps < kTcTile && !contiguous ? ps : kTcTile;
+  const int eb = p.kv_cache == KVCache::kSameAsQ ? int{sizeof(T)} : 1;  // bytes per cache element
   auto encode = [&](CUtensorMap* map, const T* base, int64_t s_page, int64_t s_n, int64_t s_h) {
     const bool entry_first = s_n <= s_h;  // HND: entries are the inner of the two
     m->entry_dim = entry_first ? 1 : 2;
     const uint64_t dims[4] = {uint64_t(p.head_dim), uint64_t(entry_first ? ps : p.num_kv_heads),
                               uint64_t(entry_first ? p.num_kv_heads : ps), uint64_t(pages)};
     if (contiguous) s_page = entry_first ? s_h * p.num_kv_heads : s_n * ps;  // (one page: never stepped)
-    const uint64_t strides[3] = {uint64_t((entry_first ? s_n : s_h) * 2), uint64_t((entry_first ? s_h : s_n) * 2),
-                                 uint64_t(s_page * 2)};
-    const uint32_t box[4] = {64, uint32_t(entry_first ? e : 1), uint32_t(entry_first ? 1 : e), 1};
-    return tma::encode_4d_16bit(map, base, dims, strides, box, decode_tc_l2_promotion()) == cudaSuccess;
+    const uint64_t strides[3] = {uint64_t((entry_first ? s_n : s_h) * eb), uint64_t((entry_first ? s_h : s_n) * eb),
+                                 uint64_t(s_page * eb)};
+    // a box row is one 128-byte line: 64 dims of fp16 / bf16, 128 of fp8
+    const uint32_t box[4] = {uint32_t(128 / eb), uint32_t(entry_first ? e : 1), uint32_t(entry_first ? 1 : e), 1};
+    return tma::encode_4d(map, eb, base, dims, strides, box, decode_tc_l2_promotion()) == cudaSuccess;
   };
   const bool k_first = p.kv.stride_n <= p.kv.stride_h, v_first = p.v_stride_n <= p.v_stride_h;
   const bool ok = k_first == v_first && encode(&m->k, p.kv.k_data, p.kv.stride_page, p.kv.stride_n, p.kv.stride_h) &&
@@ -228,13 +231,20 @@ template <typename T, int kHeadDim, int kG>
 cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, int stages = 0,
                              KVCache kv = KVCache::kSameAsQ) {
   if constexpr (kHeadDim <= 128) {
-    if (tc && kv != KVCache::kSameAsQ) {  // fp8 (decode_tc_takes_fp8): the cp.async engine
+    if (tc && kv != KVCache::kSameAsQ) {  // fp8 (decode_tc_takes_fp8): boxes or cp.async
       if constexpr (decode_tc_takes_fp8(kHeadDim)) {
         return with_kv_type<T>(kv, [&](auto tag) {
           using TKV = decltype(tag);
-          return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync, TKV>>(
-              decode_tc_stage_bytes(kHeadDim, TcCopy::kCpAsync, sizeof(TKV)), decode_tc_merge_smem(kHeadDim), l,
-              stages > 0 ? stages : kDecodeTCStages);
+          if constexpr (sizeof(TKV) == 1) {
+            const int depth = stages > 0 ? stages : kDecodeTCStages;
+            if (copy == TcCopy::kBoxes)
+              return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes, TKV>>(
+                  decode_tc_stage_bytes(kHeadDim, TcCopy::kBoxes, 1), decode_tc_merge_smem(kHeadDim), l, depth,
+                  kTcBoxAlign);
+            return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync, TKV>>(
+                decode_tc_stage_bytes(kHeadDim, TcCopy::kCpAsync, 1), decode_tc_merge_smem(kHeadDim), l, depth);
+          }
+          return cudaErrorInvalidValue;
         });
       }
       return cudaErrorInvalidValue;  // (decode_uses_tc never asks for it)
@@ -282,16 +292,18 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
                   (p.kv_cache == KVCache::kSameAsQ || decode_tc_bulk_aligned(p));
   TcCopy copy = TcCopy::kCpAsync;
   DecodeTensorMaps maps{};  // (only the box engine reads them)
-  if (tc && p.kv_cache == KVCache::kSameAsQ) {
+  if (tc) {
+    const bool fp8 = p.kv_cache != KVCache::kSameAsQ;
     DeviceInfo dev;
     FLASHINFER_CUDA_TRY(current_device_info(&dev));
     copy = decode_tc_copy_asked(dev);
+    // fp8 caches have boxes or cp.async (no row engine)
     if (copy == TcCopy::kBoxes && !(kHeadDim <= 128 && decode_tc_boxes_fit(p) && decode_tc_tensor_maps(p, &maps)))
-      copy = TcCopy::kRows;
+      copy = fp8 ? TcCopy::kCpAsync : TcCopy::kRows;
     const int64_t keys = p.contiguous_len >= 0 ? p.contiguous_len : p.kv_keys_host;
-    const int64_t kv_bytes = keys * p.num_kv_heads * kHeadDim * 2 * int64_t{sizeof(T)};
+    const int64_t kv_bytes = keys * p.num_kv_heads * kHeadDim * 2 * (fp8 ? int64_t{1} : int64_t{sizeof(T)});
     maps.l2_evict_first = decode_tc_l2_evict_first(p.batch_size, kv_bytes) ? 1 : 0;
-    if (copy == TcCopy::kRows && !decode_tc_bulk_aligned(p)) copy = TcCopy::kCpAsync;
+    if (copy == TcCopy::kRows && (fp8 || !decode_tc_bulk_aligned(p))) copy = TcCopy::kCpAsync;
   }
   DecodeLaunch l;
   const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;
@@ -306,9 +318,13 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
         const dim3 g(static_cast<unsigned>(grid)), b(kDecodeThreads);
         FLASHINFER_CUDA_TRY(with_kv_type<T>(p.kv_cache, [&](auto tag) {
           using TKV = decltype(tag);
-          if constexpr (sizeof(TKV) == 1)
+          if constexpr (sizeof(TKV) == 1) {
+            if (copy == TcCopy::kBoxes)
+              return launch(DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes, TKV>, g, b, l.smem, stream, p.pdl, p,
+                            l.stages, maps);
             return launch(DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync, TKV>, g, b, l.smem, stream, p.pdl, p,
                           l.stages, maps);
+          }
           return cudaErrorInvalidValue;
         }));
         launched = true;

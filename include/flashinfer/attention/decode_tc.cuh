@@ -8,17 +8,21 @@
 //    cp.async.bulk per tile, an mbarrier per stage counts the bytes in; rows are padded by 16
 //    bytes so ldmatrix reads stay conflict-free without a swizzle. 16x fewer copy instructions,
 //    but cp.async.bulk takes warp-uniform operands: each warp's 32 row copies run as a loop.
-//  - boxes (sm_90+, tensor maps): one lane per warp moves its page's part of the tile (64 dims x
-//    page_size keys per box, 128-byte swizzled) with cp.async.bulk.tensor: 16 copies per tile
+//  - boxes (sm_90+, tensor maps): one lane per warp moves its page's part of the tile (128-byte
+//    box rows: 64 dims of fp16 / bf16 or 128 of fp8, x page_size keys per box, 128-byte swizzled) with cp.async.bulk.tensor: 16 copies per tile
 //    at page size 16. A paged cache needs tiles that start on a page (the planner aligns chunks
 //    to kTcTile keys; no sliding window) and page sizes 16/32/64 or multiples of 64; a
 //    contiguous one is a single page (one 64-key box per tile and half, from any key). Boxes
 //    copy whole pages, so V rows past the request's end are zeroed after they land.
-// fp8 caches (TKV = __nv_fp8_e4m3 / __nv_fp8_e5m2; head_dim 128, cp.async engine): rows of 128
+// fp8 caches (TKV = __nv_fp8_e4m3 / __nv_fp8_e5m2; head_dim 128, boxes or cp.async): rows of 128
 // bytes, read with the same b16 ldmatrix as 2-byte elements, so a register holds four fp8
 // features (trans: two features of two keys). The features become T exactly (fp8 -> fp16 ->
 // T) in an order that permutes the MMA's k (dims of q.k) and m (dims of O^T) indices: q's
-// fragments follow the same order and the epilogue maps O^T's rows back.
+// fragments follow the same order and the epilogue maps O^T's rows back. The MMAs of fp8 caches
+// run in fp16 for either q type (one cvt per pair of features; for bf16 they took three more
+// through f32): bf16 q is scaled per head by a power of two that puts its largest magnitude in
+// [2^14, 2^15), so its values convert to fp16 exactly (fp16 keeps bf16's 8 significant bits),
+// and the scores are scaled back in fp32. P in [0, 1] is staged in fp16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,7 +64,8 @@ FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_stage_bytes(int head_dim, TcC
 
 // The K and V caches as 4-D tensor maps for the box engine, dims (dim, entry, head, page)
 // (entry_dim 1) or (dim, head, entry, page) (entry_dim 2): whichever order has increasing
-// strides. Boxes are 64 dims x min(page_size, 64) entries of one head and page.
+// strides. Boxes are 128-byte rows (64 dims of fp16 / bf16, 128 of fp8) x min(page_size, 64)
+// entries of one head and page.
 struct DecodeTensorMaps {
   CUtensorMap k, v;
   int entry_dim;
@@ -79,17 +84,12 @@ FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// Two fp8 values (bits 0-7 and 8-15 of v) as a packed pair of T, exactly.
-template <typename T, typename TKV>
-FLASHINFER_DEVICE uint32_t fp8x2_to(uint32_t v) {
+// Two fp8 values (bits 0-7 and 8-15 of v) as a packed fp16 pair (the MMA operand), exactly.
+template <typename TKV>
+FLASHINFER_DEVICE uint32_t fp8x2_to_f16x2(uint32_t v) {
   const __half2 h = fp8x2_to_half2<TKV>(v);
   uint32_t w;
-  if constexpr (std::is_same_v<T, __half>) {
-    memcpy(&w, &h, 4);
-  } else {
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-    memcpy(&w, &b, 4);
-  }
+  memcpy(&w, &h, 4);
   return w;
 }
 
@@ -101,12 +101,14 @@ FLASHINFER_DEVICE uint32_t fp8x2_to(uint32_t v) {
 // memory allows (unbounded, its head_dim 64 build took 164); the sm_90 engines keep ptxas's
 // choice (124-128; a minimum of 0 blocks leaves their SASS identical to no minimum, while 1
 // moved the box engine to 140 registers).
-// TKV: the cache element, T, or fp8 with kCopy == kCpAsync at decode_tc_takes_fp8 head_dims.
+// TKV: the cache element, T, or fp8 with kCopy kCpAsync or kBoxes at decode_tc_takes_fp8 head_dims.
 template <typename T, int kHeadDim, TcCopy kCopy, typename TKV = T>
 __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 : 0)
     DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
   constexpr bool kFp8 = sizeof(TKV) == 1;
-  static_assert(!kFp8 || (kCopy == TcCopy::kCpAsync && decode_tc_takes_fp8(kHeadDim)), "fp8: cp.async, head_dim 128");
+  using TM = std::conditional_t<kFp8, __half, T>;  // the MMAs' operand type (see the top)
+  constexpr bool kQScale = kFp8 && !std::is_same_v<T, __half>;  // bf16 q scaled into fp16
+  static_assert(!kFp8 || (kCopy != TcCopy::kRows && decode_tc_takes_fp8(kHeadDim)), "fp8: cp.async or boxes, head_dim 128");
   static_assert(kHeadDim * sizeof(TKV) >= 128, "the swizzle needs >= 8 chunks per row");
   static_assert(kDecodeThreads == 2 * kTcTile, "bulk copies: one K or V row per thread per tile");
   constexpr bool kBulk = kCopy != TcCopy::kCpAsync;  // an mbarrier per stage counts the bytes in
@@ -117,8 +119,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
   constexpr int64_t kStage = decode_tc_stage_bytes(kHeadDim, kCopy, sizeof(TKV));
   constexpr int kPitch = static_cast<int>(decode_tc_row_bytes(kHeadDim, kCopy, sizeof(TKV)));
   constexpr uint32_t kRowBytes = kHeadDim * sizeof(TKV);
+  constexpr int kBoxDims = 128 / static_cast<int>(sizeof(TKV));  // a box row is one 128-byte line
+  constexpr int kBoxRows = static_cast<int>(kRowBytes) / 128;     // boxes per key row
   FLASHINFER_EXTERN_SHARED uint4 smem_u4[];
-  __shared__ __align__(16) T sP[kTcWarps * kDecodeMaxGroup * 16];
+  __shared__ __align__(16) TM sP[kTcWarps * kDecodeMaxGroup * 16];
   __shared__ __align__(8) uint64_t bars[kBulk ? kTcMaxStages : 1];
   // Byte offset of 16-byte chunk `c` of key row `r` in a K or V tile. Boxes: the tile is two
   // (head_dim 128) halves of 64 dims, each [kTcTile rows][128 bytes] 128-byte swizzled.
@@ -182,6 +186,40 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
         const uint32_t hi2 = *reinterpret_cast<const uint32_t*>(qrow + d_hi);
         qa[ks][0] = row_ok ? lo2 : 0u;
         qa[ks][1] = row_ok ? hi2 : 0u;
+      }
+    }
+    // Score scale per column of S^T (head tig * 2 + e); bf16 q with fp8 caches: q scaled into
+    // fp16 (see the top), the inverse power of two folded in here.
+    float sc_scale[2] = {s_scale, s_scale};
+    if constexpr (kQScale) {
+      float mx = 0.f;
+      FLASHINFER_UNROLL
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        FLASHINFER_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const float2 f = unpack2(qa[ks][j], static_cast<const T*>(nullptr));
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of head grp
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const int ex = (__float_as_int(mx) >> 23) & 0xff;  // mx in [2^(ex-127), 2^(ex-126))
+      // 2^k puts mx in [2^14, 2^15); inf / NaN (ex 255) stay as they are; k <= 126 keeps 2^-k normal.
+      const int k = ex == 255 ? 0 : min(141 - ex, 126);
+      const float qs = __int_as_float((k + 127) << 23);
+      FLASHINFER_UNROLL
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        FLASHINFER_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const float2 f = unpack2(qa[ks][j], static_cast<const T*>(nullptr));
+          const __half2 h = __floats2half2_rn(f.x * qs, f.y * qs);
+          memcpy(&qa[ks][j], &h, 4);
+        }
+      }
+      FLASHINFER_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int kh = __shfl_sync(0xffffffffu, k, (tig * 2 + e) * 4);  // lane of head tig * 2 + e
+        sc_scale[e] = s_scale * __int_as_float((127 - kh) << 23);
       }
     }
     // This thread's heads: h = tig * 2 + e (columns of S^T = K q^T and of O^T).
@@ -257,7 +295,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
           const int32_t t_lo = lo32 + static_cast<int32_t>(tile) * kTcTile;
           if (threadIdx.x == 0) {  // the bytes of the boxes that hold a key of the request
             const int32_t boxes = min(box_pages, (hi32 - t_lo + box_e - 1) / box_e);
-            bulk::arrive_expect_tx(&bars[s], static_cast<uint32_t>(boxes * box_e * kHeadDim * 4));
+            bulk::arrive_expect_tx(&bars[s], static_cast<uint32_t>(boxes * box_e * kRowBytes * 2));
           }
           if (lane == 0 && warp < box_pages && t_lo + warp * box_e < hi32) {
             char* kdst = smem + s * kStage + warp * box_e * 128;
@@ -265,16 +303,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
             if (maps.l2_evict_first) {
               const uint64_t pol = tma::l2_evict_first_policy();
               FLASHINFER_UNROLL
-              for (int h = 0; h < kHeadDim / 64; ++h) {
-                tma::copy_4d_hint(kdst + h * (kTcTile * 128), &maps.k, h * 64, c1, c2, pg[0], &bars[s], pol);
-                tma::copy_4d_hint(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * 64, c1, c2, pg[0], &bars[s],
-                                  pol);
+              for (int h = 0; h < kBoxRows; ++h) {
+                tma::copy_4d_hint(kdst + h * (kTcTile * 128), &maps.k, h * kBoxDims, c1, c2, pg[0], &bars[s], pol);
+                tma::copy_4d_hint(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * kBoxDims, c1, c2, pg[0],
+                                  &bars[s], pol);
               }
             } else {
               FLASHINFER_UNROLL
-              for (int h = 0; h < kHeadDim / 64; ++h) {
-                tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * 64, c1, c2, pg[0], &bars[s]);
-                tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * 64, c1, c2, pg[0], &bars[s]);
+              for (int h = 0; h < kBoxRows; ++h) {
+                tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * kBoxDims, c1, c2, pg[0], &bars[s]);
+                tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * kBoxDims, c1, c2, pg[0], &bars[s]);
               }
             }
           }
@@ -322,7 +360,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
     float o[kMTiles][4];  // O^T: dims mt*16 + grp (+8) x heads tig*2 + {0, 1}
     FLASHINFER_UNROLL
     for (int n = 0; n < kMTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    T* sp = sP + warp * kDecodeMaxGroup * 16;  // this warp's P^T staging [head][16 keys]
+    TM* sp = sP + warp * kDecodeMaxGroup * 16;  // this warp's P^T staging [head][16 keys]
 
     int32_t pg[kIters > 2 ? kIters : 2];
     for (int s = 0; s + 1 < stages; ++s) {
@@ -369,10 +407,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
           mma::ldmatrix_x4(ka, ks_ + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kp + (lane >> 4)));
           FLASHINFER_UNROLL
           for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {detail::fp8x2_to<T, TKV>(ka[2 * h]), detail::fp8x2_to<T, TKV>(ka[2 * h + 1]),
-                                   detail::fp8x2_to<T, TKV>(ka[2 * h] >> 16),
-                                   detail::fp8x2_to<T, TKV>(ka[2 * h + 1] >> 16)};
-            mma::mma_16816<T>(sc[h], a, qa[2 * kp + h]);
+            const uint32_t a[4] = {detail::fp8x2_to_f16x2<TKV>(ka[2 * h]), detail::fp8x2_to_f16x2<TKV>(ka[2 * h + 1]),
+                                   detail::fp8x2_to_f16x2<TKV>(ka[2 * h] >> 16),
+                                   detail::fp8x2_to_f16x2<TKV>(ka[2 * h + 1] >> 16)};
+            mma::mma_16816<TM>(sc[h], a, qa[2 * kp + h]);
           }
         }
       } else {
@@ -393,7 +431,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
         for (int e = 0; e < 2; ++e) {
           const int32_t t = t0 + 8 * r;
           float v = sc[0][2 * r + e] + sc[1][2 * r + e];
-          v = soft_cap ? cap_log2 * tanhf(v * s_scale) : v * s_scale;
+          v = soft_cap ? cap_log2 * tanhf(v * sc_scale[e]) : v * sc_scale[e];
           if (alibi) v += slope[e] * float(t);
           x[r][e] = t < hi_t ? v : neg_inf();
         }
@@ -426,7 +464,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
       FLASHINFER_UNROLL
       for (int r = 0; r < 2; ++r)
         FLASHINFER_UNROLL
-        for (int e = 0; e < 2; ++e) sp[(tig * 2 + e) * 16 + grp + 8 * r] = from_float<T>(pr[r][e]);
+        for (int e = 0; e < 2; ++e) sp[(tig * 2 + e) * 16 + grp + 8 * r] = from_float<TM>(pr[r][e]);
       __syncwarp();
       uint32_t pb[2];
       mma::ldmatrix_x2(pb, sp + (lane & 7) * 16 + ((lane >> 3) & 1) * 8);
@@ -442,11 +480,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
           FLASHINFER_UNROLL
           for (int j = 0; j < 2; ++j) {
             const uint32_t lo = va[2 * j], hi = va[2 * j + 1];
-            const uint32_t a[4] = {detail::fp8x2_to<T, TKV>(__byte_perm(lo, 0, 0x0020)),
-                                   detail::fp8x2_to<T, TKV>(__byte_perm(lo, 0, 0x0031)),
-                                   detail::fp8x2_to<T, TKV>(__byte_perm(hi, 0, 0x0020)),
-                                   detail::fp8x2_to<T, TKV>(__byte_perm(hi, 0, 0x0031))};
-            mma::mma_16816<T>(o[n + j], a, pb);
+            const uint32_t a[4] = {detail::fp8x2_to_f16x2<TKV>(__byte_perm(lo, 0, 0x0020)),
+                                   detail::fp8x2_to_f16x2<TKV>(__byte_perm(lo, 0, 0x0031)),
+                                   detail::fp8x2_to_f16x2<TKV>(__byte_perm(hi, 0, 0x0020)),
+                                   detail::fp8x2_to_f16x2<TKV>(__byte_perm(hi, 0, 0x0031))};
+            mma::mma_16816<TM>(o[n + j], a, pb);
           }
         }
       } else {
