@@ -222,7 +222,7 @@ class DecodeRunner {
                uintptr_t last_page_len, uintptr_t seq_lens, uintptr_t items, uintptr_t num_items, uintptr_t merge,
                uintptr_t partial_o, uintptr_t partial_lse, uintptr_t merge_counters, bool launch_merge,
                int64_t max_grid, int64_t max_page_index, bool use_tc, int64_t num_items_host, int stages,
-               int64_t kv_keys_host, int kv_cache)
+               int64_t kv_keys_host, int kv_cache, int q_len)
       : device_(device), dtype_(parse_dtype(dtype)), batch_(batch_size), hq_(num_qo_heads), hkv_(num_kv_heads),
         hd_(head_dim), page_size_(page_size), layout_(layout), pos_(pos_mode), window_(window_left),
         sm_scale_(float(sm_scale)), soft_cap_(float(soft_cap)), rope_scale_(float(rope_scale)),
@@ -231,20 +231,27 @@ class DecodeRunner {
         counters_(merge_counters),
         launch_merge_(launch_merge), max_grid_(max_grid), max_page_index_(max_page_index), use_tc_(use_tc),
         num_items_host_(num_items_host), stages_(stages), kv_keys_host_(kv_keys_host),
-        kv_cache_(parse_kv_cache(kv_cache)) {
+        kv_cache_(parse_kv_cache(kv_cache)), q_len_(q_len) {
     check_head_dim("BatchDecodeWithPagedKVCacheWrapper.plan", head_dim);
+    if (num_kv_heads <= 0) fb::fail("BatchDecodeWithPagedKVCacheWrapper.plan: num_kv_heads must be positive");
+    if (q_len < 1 || (num_qo_heads / num_kv_heads) % q_len != 0)
+      fb::fail("BatchDecodeWithPagedKVCacheWrapper.plan: q_len_per_req " + std::to_string(q_len) +
+               " must be >= 1 and divide the columns per KV head (" + std::to_string(num_qo_heads / num_kv_heads) + ")");
   }
 
   void run(MutTensor q, MutTensor kv_a, std::optional<MutTensor> kv_b, MutTensor out, std::optional<MutTensor> lse,
            double scale_mult, uintptr_t stream, bool enable_pdl) {
     const fb::Checker c{"BatchDecodeWithPagedKVCacheWrapper.run"};
-    c.ndim_in(q, "q", {3}, "3-D [batch_size, num_qo_heads, head_dim]");
+    c.ndim_in(q, "q", {3}, "3-D [batch_size * q_len_per_req, num_qo_heads, head_dim]");
+    // q_len_ > 1: the plan's heads are query columns, q_len_ per q head (decode.h decode_query)
+    const int hq = hq_ / q_len_;
+    const int64_t rows = batch_ * q_len_;
     const fb::DType dt = c.dtype_half(q, "q");
     if (dt != dtype_)
       fb::fail(std::string("The dtype of q ") + fb::dtype_str(dt) + " does not match the q_data_type " +
                fb::dtype_str(dtype_) + " specified in plan function.");
-    c.dim_is(q, "q", 0, batch_, "the planned batch size");
-    c.dim_is(q, "q", 1, hq_, "num_qo_heads");
+    c.dim_is(q, "q", 0, rows, "the planned batch size * q_len_per_req");
+    c.dim_is(q, "q", 1, hq, "num_qo_heads");
     c.dim_is(q, "q", 2, hd_, "head_dim");
     c.last_contiguous(q, "q");
     const bool fp8 = kv_cache_ != KVCache::kSameAsQ;
@@ -271,13 +278,13 @@ class DecodeRunner {
       fb::fail("Invalid shape of out: expected " + fb::shape_str(q) + " " + fb::dtype_str(dt) + "; got " +
                fb::shape_str(out) + " " + fb::dtype_name(out));
     c.last_contiguous(out, "out");
-    c.rows_disjoint(out, "out", flashinfer::RowLayout{hq_, out.stride(0), out.stride(1)}, batch_ * hq_, hd_);
+    c.rows_disjoint(out, "out", flashinfer::RowLayout{hq, out.stride(0), out.stride(1)}, rows * hq, hd_);
     if (lse) {
-      c.ndim_in(*lse, "lse", {2}, "2-D [batch_size, num_qo_heads]");
-      c.dim_is(*lse, "lse", 0, batch_, "batch_size");
-      c.dim_is(*lse, "lse", 1, hq_, "num_qo_heads");
+      c.ndim_in(*lse, "lse", {2}, "2-D [batch_size * q_len_per_req, num_qo_heads]");
+      c.dim_is(*lse, "lse", 0, rows, "batch_size * q_len_per_req");
+      c.dim_is(*lse, "lse", 1, hq, "num_qo_heads");
       c.dtype_is(*lse, "lse", fb::DType::kF32);
-      if (lse->stride(1) != 1 || (batch_ > 1 && lse->stride(0) != hq_))
+      if (lse->stride(1) != 1 || (rows > 1 && lse->stride(0) != hq))
         fb::fail(std::string(c.op) + ": lse must be contiguous");
     }
     if (!aligned16(q.data()) || q.stride(0) % 8 || q.stride(1) % 8 || !aligned16(out.data()) || out.stride(0) % 8 ||
@@ -305,6 +312,7 @@ class DecodeRunner {
       p.kv.stride_page = kv.k_page, p.kv.stride_n = kv.k_n, p.kv.stride_h = kv.k_h;
       p.v_stride_page = kv.v_page, p.v_stride_n = kv.v_n, p.v_stride_h = kv.v_h;
       p.kv_cache = kv_cache_;
+      p.q_len = q_len_;
       p.num_pages = kv.num_pages;
       p.contiguous_len = -1;
       p.seq_lens = reinterpret_cast<const int32_t*>(seq_lens_);
@@ -351,6 +359,7 @@ class DecodeRunner {
   int stages_;              // > 0: the plan's pipeline depth
   int64_t kv_keys_host_;    // > 0: the plan's total key count (0 under CUDA graphs)
   KVCache kv_cache_;        // the planned cache element type
+  int q_len_;               // query tokens per request (their columns: decode_query)
 };
 
 // Host planner: kv lengths and page-table starts -> (items [n, 8], merge [batch, 2], partial
@@ -523,7 +532,7 @@ NB_MODULE(_decode, m) {
   nb::class_<DecodeRunner>(m, "DecodeRunner")
       .def(nb::init<int, const std::string&, int64_t, int, int, int, int64_t, int, int, int, double, double, double,
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int, int64_t, int>())
+                    uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int, int64_t, int, int>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
            "stream"_a, "enable_pdl"_a);
 }

@@ -96,7 +96,9 @@ class _CuPy(Framework):
             return self.cupy.empty_like(x)
 
     def to_dlpack(self, x: Any) -> Any:
-        return x.toDlpack()
+        # stream=-1: no synchronization by the producer (the kernels run on CuPy's current
+        # stream, see stream()); toDlpack() is deprecated in CuPy 14
+        return x.__dlpack__(stream=-1)
 
     def stream(self, x: Any) -> int:
         try:

@@ -322,29 +322,28 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if kv_lens.size and int(kv_lens.min()) < q_len:
                 b = int(np.argmin(kv_lens))
                 raise ValueError(f"every kv_len must be >= q_len_per_req ({q_len}); request {b} has {int(kv_lens[b])}")
-            # Multi-token decode (bottom-right causal): query token i of a request of L keys sees
-            # its first L - q_len + 1 + i keys. Each token is planned as a request of its own over
-            # the request's pages: rows b * q_len + i of q / o / lse.
-            rows_lens = (kv_lens[:, None] - np.arange(q_len - 1, -1, -1)[None, :]).reshape(-1)
-            rows_begins = np.repeat(indptr_h[:-1], q_len)
-        else:
-            rows_lens, rows_begins = kv_lens, indptr_h[:-1]
+        # Multi-token decode (bottom-right causal: query token i of a request of L keys sees its
+        # first L - q_len + 1 + i keys) reads each request's pages once: the kernels take the
+        # tokens as extra q-head columns, q_len * group of them per KV head, and find their rows
+        # (b * q_len + i) of q / o / lse themselves (attention/decode.h decode_query).
+        rows_lens, rows_begins = kv_lens, indptr_h[:-1]
+        heads = num_qo_heads * q_len  # the kernels' q-head columns
         if self._use_cuda_graph:
             if self._graph_q_len is not None and q_len != self._graph_q_len:
                 raise ValueError(f"q_len_per_req is fixed under CUDA graphs by the first plan ({self._graph_q_len}); "
                                  f"got {q_len}")
             self._graph_q_len = q_len
-        rows = batch * q_len
+        rows = batch
 
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         items, merge, n_partial, any_split, _chunk, grid, stages, total_keys = _decode.plan(
             np.ascontiguousarray(rows_lens, dtype=np.int64), np.ascontiguousarray(rows_begins, dtype=np.int64),
-            num_qo_heads, num_kv_heads, head_dim, int(page_size),
+            heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
             self.device.index or 0, not self._use_cuda_graph,
-            (have_f // 2) // 16 * 16 // max(1, num_qo_heads * head_dim * 4),  # partial states that fit
+            (have_f // 2) // 16 * 16 // max(1, heads * head_dim * 4),  # partial states that fit
             kv_code)
-        need_f = n_partial * num_qo_heads * (head_dim + 1) * 4
+        need_f = n_partial * heads * (head_dim + 1) * 4
         if need_f > have_f:
             raise ValueError(f"float_workspace_buffer is too small: this plan needs {need_f} bytes; got {have_f}")
 
@@ -352,7 +351,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # (CUDA-graph replays keep the pointers captured at the first run):
         #   [num_items | merge [B,2] | kv_lens [B] | merge counters [B, units] (zero; the kernel
         #    resets them after use) | (page table, without CUDA graphs) | items [n,8]]
-        units = num_kv_heads * _decode.sub_groups(num_qo_heads // num_kv_heads, head_dim)
+        units = num_kv_heads * _decode.sub_groups(heads // num_kv_heads, head_dim)
         parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
                  rows_lens.astype(np.int32), np.zeros(rows * units, np.int32)]
         if not self._use_cuda_graph:
@@ -392,22 +391,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # float workspace: partial o in the first half, partial lse in the second (fixed offsets)
         fws = self._float_workspace_buffer.data_ptr()
         half = (have_f // 2) // 16 * 16
-        if n_partial * num_qo_heads * head_dim * 4 > half:
+        if n_partial * heads * head_dim * 4 > half:
             raise ValueError(f"float_workspace_buffer is too small: this plan needs {2 * need_f} bytes; got {have_f}")
         max_page = int(indices_h.max()) if indices_h.size else -1
         # Under CUDA graphs the launch shape must not depend on the plan: always the full
         # persistent grid. Split requests are merged in-kernel by the CTA that finishes last.
         max_grid = 0 if self._use_cuda_graph else min(int(items.shape[0]), int(grid))
         self._runner = _decode.DecodeRunner(
-            self.device.index or 0, q_name, rows, num_qo_heads, num_kv_heads, head_dim, int(page_size),
+            self.device.index or 0, q_name, rows, heads, num_kv_heads, head_dim, int(page_size),
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
             base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
             self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages,
-            0 if self._use_cuda_graph else total_keys, kv_code)
+            0 if self._use_cuda_graph else total_keys, kv_code, q_len)
         self._batch_size = batch
         self._q_len = q_len
         self._num_qo_heads = num_qo_heads
+        self._num_kv_heads = num_kv_heads
         self._head_dim = head_dim
         self._window_left = window_left
         self._pos_encoding_mode = pos_encoding_mode

@@ -146,7 +146,7 @@ def test_copy_engines(engine):
     through the knob) passes the tensor-core cases, the fp8 ones and the CUDA-graph replay. A fresh interpreter: the knob is read once."""
     env = dict(os.environ, FLASHINFER_DECODE_COPY=engine)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores or fp8_kv"],
+                        "(test_batch_decode and tc1) or test_cuda_graph_replan_and_replay or tensor_cores or fp8_kv or multi_token"],
                        env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
@@ -599,20 +599,24 @@ def test_fp8_kv_validation():
 
 # ---- multi-token decode (q_len_per_req > 1, speculative verification): causal within each request,
 # bottom-right aligned: query token i of a request of L keys sees its first L - q_len + 1 + i keys.
-@pytest.mark.parametrize("q_len,layout,ps,hq,hkv,dtype,pos", [
-    (2, "NHD", 16, 32, 8, torch.bfloat16, "NONE"),
-    (4, "HND", 5, 32, 4, torch.float16, "NONE"),
-    (3, "NHD", 1, 8, 8, torch.bfloat16, "ROPE_LLAMA"),  # RoPE: q at its own position (CUDA cores)
-    (7, "NHD", 16, 32, 8, torch.float16, "ALIBI"),
+# The tokens of a request are columns next to its q heads (q_len * group per KV head), so its pages
+# are read once per sub-group of columns, not once per token.
+@pytest.mark.parametrize("q_len,layout,ps,hq,hkv,d,dtype,pos,window,cap", [
+    (2, "NHD", 16, 32, 8, 128, torch.bfloat16, "NONE", -1, None),
+    (4, "HND", 5, 32, 4, 128, torch.float16, "NONE", -1, None),
+    (3, "NHD", 1, 8, 8, 128, torch.bfloat16, "ROPE_LLAMA", -1, None),  # RoPE: q at its own position (CUDA cores)
+    (7, "NHD", 16, 32, 8, 128, torch.float16, "ALIBI", -1, None),       # 28 columns: 4 sub-groups
+    (2, "NHD", 16, 32, 32, 64, torch.bfloat16, "NONE", -1, None),        # group 1
+    (5, "HND", 16, 64, 8, 128, torch.float16, "NONE", 300, 30.0),       # 40 columns, window per token, soft cap
+    (3, "NHD", 16, 16, 4, 256, torch.bfloat16, "ROPE_LLAMA", 50, None),  # head_dim 256 (CUDA cores), RoPE + window
 ])
-def test_multi_token_decode(q_len, layout, ps, hq, hkv, dtype, pos):
-    d = 128
+def test_multi_token_decode(q_len, layout, ps, hq, hkv, d, dtype, pos, window, cap):
     lens = [100, 4096, q_len, 3000, 20000, 9 + q_len]  # one request of exactly q_len keys; one that splits
     cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, dtype, layout)
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=CUDA), layout,
                                                       use_tensor_cores=True)
     w.plan(indptr, indices, last, hq, hkv, d, ps, pos_encoding_mode=pos, q_data_type=dtype, q_len_per_req=q_len,
-           is_causal=True)
+           is_causal=True, window_left=window, logits_soft_cap=cap)
     q = torch.randn(len(lens) * q_len, hq, d, dtype=dtype, device=CUDA)
     o, lse = w.run(q, cache, return_lse=True)
     assert o.shape == q.shape and lse.shape == (q.shape[0], hq)
@@ -621,9 +625,40 @@ def test_multi_token_decode(q_len, layout, ps, hq, hkv, dtype, pos):
         for i in range(q_len):
             r = b * q_len + i
             n = L - q_len + 1 + i
-            ro, rl = decode_one(q[r], kb[:n], vb[:n], sm_scale=1 / math.sqrt(d), pos_encoding_mode=pos)
+            ro, rl = decode_one(q[r], kb[:n], vb[:n], sm_scale=1 / math.sqrt(d), pos_encoding_mode=pos,
+                                window_left=window, soft_cap=cap or 0.0)
             assert_attention_close(o[r], ro, f"o[{b}, {i}]")
             assert_lse_close(lse[r], rl, f"lse[{b}, {i}]")
+
+
+def test_fp8_kv_multi_token_cast_out_strided_q():
+    """Multi-token decode with an fp8 cache (tensor cores: boxes), o_data_type other than q's into
+    a given out and lse, and q a strided view (a slice of a wider buffer)."""
+    q_len, hq, hkv, d, ps = 3, 32, 8, 128, 16
+    lens = [700, 3, 5000]
+    cache, deq = _fp8_cache(lens, ps, hkv, d, "NHD", "e4m3")
+    indptr, indices, last = deq[2:]
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA),
+                                                      use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn,
+           o_data_type=torch.float16, q_len_per_req=q_len)
+    wide = torch.randn(len(lens) * q_len, hq + 8, d, dtype=torch.bfloat16, device=CUDA)
+    q = wide[:, 4:4 + hq]
+    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device=CUDA)
+    lse = torch.full((q.shape[0], hq), float("nan"), device=CUDA)
+    r = w.run(q, cache, out=out, lse=lse, v_scale=2.0)
+    assert r is out
+    for b, L in enumerate(lens):
+        kb, vb = gather_pages(deq[0], deq[1], "NHD", indptr, indices, last, b)
+        for i in range(q_len):
+            n = L - q_len + 1 + i
+            ro, rl = decode_one(q[b * q_len + i], kb[:n], vb[:n], sm_scale=1 / math.sqrt(d))
+            assert_attention_close(out[b * q_len + i], 2.0 * ro, f"o[{b}, {i}]")
+            assert_lse_close(lse[b * q_len + i], rl, f"lse[{b}, {i}]")
+    with pytest.raises(ValueError, match="Invalid shape of lse"):
+        w.run(q, cache, lse=torch.empty(q.shape[0], hq, dtype=torch.float16, device=CUDA))
+    with pytest.raises(ValueError, match="Invalid shape of out"):
+        w.run(q, cache, out=torch.empty(q.shape, dtype=torch.bfloat16, device=CUDA))
 
 
 def test_multi_token_decode_validation_and_cuda_graph():

@@ -45,12 +45,44 @@ FLASHINFER_DEVICE void rope_rotate(float* x, const float* inv_freq, int tx, int6
 
 // One work item, resolved: the request, its q-head unit (kv head, first q head, heads
 // used), the request's key count, and the key range [lo, hi) with the sliding window applied.
+// Each query column may see less of it (key_visible).
 struct Item {
   int64_t request, unit, lo, hi, slot;
   int kv_head, qh0, ng;
   int64_t kv_len;
   int64_t page_begin;  // the request's first page-table entry (paged caches)
 };
+
+// The query columns head0, head0 + 1, ... of one KV head in turn, as decode_query names them,
+// with one division per item instead of one per column: (token, j) counts up.
+struct QueryColumns {
+  int g, token, j, head_base;  // g: real q heads per KV head; column = real head head_base + j of token
+  int64_t row0, pos0;          // the request's first q / o / lse row; token 0's position
+  template <typename T>
+  FLASHINFER_DEVICE QueryColumns(const DecodeParams<T>& p, int64_t request, int head0, int64_t kv_len) {
+    const int n = p.q_len > 1 ? p.q_len : 1;
+    g = p.group_size / n;
+    const int kh = head0 / p.group_size, l = head0 % p.group_size;
+    token = l / g, j = l % g, head_base = kh * g;
+    row0 = request * n, pos0 = kv_len - n;
+  }
+  FLASHINFER_DEVICE int64_t offset(int64_t sn, int64_t sh) const { return (row0 + token) * sn + (head_base + j) * sh; }
+  FLASHINFER_DEVICE int64_t pos() const { return pos0 + token; }
+  FLASHINFER_DEVICE void next() {
+    if (++j == g) j = 0, ++token;
+  }
+};
+
+// Which keys of an item (t in [lo, hi): the kernels read from lo and mask t >= hi) a query at
+// position pos sees: 0 <= pos - t <= reach, reach = window_left or 2^31 - 1 without a window.
+// One subtract and compare in uint32; pos -1 (a padded column) sees none. For one query per
+// request pos is kv_len - 1 >= every key and the window is already in lo.
+FLASHINFER_HOST_DEVICE uint32_t key_reach(int window_left) {
+  return window_left >= 0 ? static_cast<uint32_t>(window_left) : 0x7fffffffu;
+}
+FLASHINFER_HOST_DEVICE bool key_visible(int32_t pos, int32_t t, uint32_t reach) {
+  return static_cast<uint32_t>(pos) - static_cast<uint32_t>(t) <= reach;
+}
 
 // Work items of the launch: the host's count when it passed one (num_items_host > 0: no load
 // before the first item's), else the plan's device scalar (CUDA graphs re-plan it).
@@ -82,7 +114,8 @@ FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
   it.kv_head = static_cast<int>(it.unit / p.sub_groups);
   it.qh0 = it.kv_head * p.group_size + sub * kMaxGroup;
   it.ng = min(kMaxGroup, p.group_size - sub * kMaxGroup);
-  if (p.window_left >= 0) it.lo = max(it.lo, it.kv_len - 1 - p.window_left);  // keys left of the window
+  // keys left of the window of every query (the first token's, with q_len tokens per request)
+  if (p.window_left >= 0) it.lo = max(it.lo, it.kv_len - (p.q_len > 1 ? p.q_len : 1) - p.window_left);
   return it;
 }
 
@@ -166,8 +199,9 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
         merge_partials<kHeadDim, kV>(p.partial_o, p.partial_lse, p.num_qo_heads, mi.partial_begin, mi.num_chunks, h, d0, o);
     Vec<T, kV> ov;
     ov.from_float(o);
-    ov.store(p.o + it.request * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
-    if (p.lse && d0 == 0) p.lse[it.request * p.num_qo_heads + h] = lse;
+    const DecodeQuery qr = decode_query(h, p.num_qo_heads, p.group_size, p.q_len, 0);
+    ov.store(p.o + decode_row_offset(qr, it.request, p.q_len, p.o_stride_n, p.o_stride_h) + d0);
+    if (p.lse && d0 == 0) p.lse[decode_lse_index(qr, it.request, p.q_len)] = lse;
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next run (and CUDA-graph replays)
 }
@@ -201,8 +235,9 @@ FLASHINFER_DEVICE void write_merged(const DecodeParams<T>& p, const Item& it, in
       Vec<T, 8> ov;
       FLASHINFER_UNROLL
       for (int e = 0; e < 8; ++e) ov.v[e] = from_float<T>(acc[e] * inv);
-      ov.store(p.o + it.request * p.o_stride_n + int64_t{h} * p.o_stride_h + d0);
-      if (p.lse && d0 == 0) p.lse[it.request * p.num_qo_heads + h] = lse;
+      const DecodeQuery qr = decode_query(h, p.num_qo_heads, p.group_size, p.q_len, 0);
+      ov.store(p.o + decode_row_offset(qr, it.request, p.q_len, p.o_stride_n, p.o_stride_h) + d0);
+      if (p.lse && d0 == 0) p.lse[decode_lse_index(qr, it.request, p.q_len)] = lse;
     } else {
       float* po = p.partial_o + (it.slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
       FLASHINFER_UNROLL
@@ -239,8 +274,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeMergeKernel(const Decode
     const float lse = detail::merge_partials<kHeadDim, 8>(p.partial_o, p.partial_lse, p.num_qo_heads, begin, n, h, tx * 8, o);
     Vec<T, 8> ov;
     ov.from_float(o);
-    ov.store(p.o + b * p.o_stride_n + h * p.o_stride_h + tx * 8);
-    if (p.lse && tx == 0) p.lse[b * p.num_qo_heads + h] = lse;
+    const DecodeQuery qr = decode_query(static_cast<int>(h), p.num_qo_heads, p.group_size, p.q_len, 0);
+    ov.store(p.o + decode_row_offset(qr, b, p.q_len, p.o_stride_n, p.o_stride_h) + tx * 8);
+    if (p.lse && tx == 0) p.lse[decode_lse_index(qr, b, p.q_len)] = lse;
   }
   pdl_launch_dependents();
 }

@@ -23,9 +23,37 @@ enum class KVCache : int { kSameAsQ = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
 // Where a request's keys live: a paged cache (page table in `kv`), or one contiguous
 // sequence (indices == nullptr: token t at t * stride_n, length contiguous_len).
+// Multi-token decode (q_len > 1 query tokens per request, causal, bottom-right aligned) reads
+// each request's pages once: its tokens are extra columns next to the q heads. The kernels
+// then see q_len x the model's q heads ("columns"): KV head kh owns group_size = q_len * g of
+// them, local index l = token * g + j for real q head kh * g + j. q, o and lse keep their
+// layout, [batch * q_len rows, real heads]: row b * q_len + token (decode_row_offset). Token
+// `token` sits at position kv_len - q_len + token and sees the keys up to it (and, with a
+// sliding window, from its position - window_left on).
+struct DecodeQuery {
+  int head;       // the real q head (ALiBi slope, and with token where q / o / lse rows live)
+  int num_heads;  // the real q heads
+  int token;      // the request's query token (0 with one)
+  int64_t pos;    // the query's position: keys <= pos are visible
+};
+FLASHINFER_HOST_DEVICE DecodeQuery decode_query(int head, int num_qo_heads, int group_size, int q_len,
+                                                int64_t kv_len) {
+  if (q_len <= 1) return {head, num_qo_heads, 0, kv_len - 1};
+  const int g = group_size / q_len, kh = head / group_size, l = head % group_size;
+  return {kh * g + l % g, num_qo_heads / q_len, l / g, kv_len - q_len + l / g};
+}
+// Where a query's row lives: in q / o (row stride sn, head stride sh) and in lse.
+FLASHINFER_HOST_DEVICE int64_t decode_row_offset(const DecodeQuery& q, int64_t request, int q_len, int64_t sn,
+                                                 int64_t sh) {
+  return (request * (q_len > 1 ? q_len : 1) + q.token) * sn + int64_t{q.head} * sh;
+}
+FLASHINFER_HOST_DEVICE int64_t decode_lse_index(const DecodeQuery& q, int64_t request, int q_len) {
+  return (request * (q_len > 1 ? q_len : 1) + q.token) * q.num_heads + q.head;
+}
+
 template <typename T>
 struct DecodeParams {
-  const T* q;  // [batch, num_qo_heads, head_dim] via q_stride_n / q_stride_h
+  const T* q;  // [batch * q_len, num_qo_heads / q_len, head_dim] via q_stride_n / q_stride_h
   int64_t q_stride_n, q_stride_h;
   PagedKV<const T, int32_t> kv;  // k_data/v_data + page table; stride_* describe K (in cache elements)
   KVCache kv_cache;              // kSameAsQ: k_data / v_data hold T; fp8: they point at fp8 bytes
@@ -33,9 +61,9 @@ struct DecodeParams {
   int64_t num_pages;         // pages of the cache tensors (0: unknown; the box copies need it)
   int64_t contiguous_len;    // >= 0: single contiguous sequence of this length (indices unused)
   const int32_t* seq_lens;   // [batch] or null: overrides the page-table lengths
-  T* o;                      // [batch, num_qo_heads, head_dim] via o_stride_n / o_stride_h
+  T* o;                      // as q, via o_stride_n / o_stride_h
   int64_t o_stride_n, o_stride_h;
-  float* lse;                // [batch, num_qo_heads] (row stride num_qo_heads) or null
+  float* lse;                // [batch * q_len, num_qo_heads / q_len] (contiguous) or null
   // Work: an explicit list (batch) or an implicit uniform split of request 0 (single decode).
   const DecodeWorkItem* items;  // [*num_items] or null
   const int32_t* num_items;     // device scalar (read by the persistent grid)
@@ -51,7 +79,8 @@ struct DecodeParams {
   // partial states itself (and resets the counter) instead of DecodeMergeKernel.
   int32_t* merge_counters;
   int64_t batch_size;
-  int num_qo_heads, num_kv_heads, group_size, sub_groups;
+  int num_qo_heads, num_kv_heads, group_size, sub_groups;  // with q_len > 1: per token column (decode_query)
+  int q_len;  // query tokens per request (0 or 1: one)
   int head_dim;
   float sm_scale;
   float soft_cap;       // <= 0: off
@@ -119,6 +148,7 @@ Status validate(const DecodeParams<T>& p) {
   if (p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
   if (p.group_size != p.num_qo_heads / p.num_kv_heads) return Status::kInvalidArgument;
   if (p.sub_groups != decode_sub_groups(p.group_size, p.head_dim)) return Status::kInvalidArgument;
+  if (p.q_len > 1 && p.group_size % p.q_len != 0) return Status::kInvalidArgument;
   if (!p.items && (p.implicit_chunk <= 0 || p.implicit_chunks <= 0)) return Status::kInvalidArgument;
   if (p.contiguous_len < 0 && (!p.kv.indptr || !p.kv.indices || !p.kv.last_page_len)) return Status::kInvalidArgument;
   return Status::kSuccess;

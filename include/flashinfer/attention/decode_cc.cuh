@@ -150,34 +150,38 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
     const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kStageKeys) : 0;
 
     float q[kG][kVec];
+    detail::QueryColumns col(p, b, qh0, kv_len);  // (multi-token decode: a column is a token's head)
     FLASHINFER_UNROLL
     for (int g = 0; g < kG; ++g) {
+      const T* qrow = p.q + col.offset(p.q_stride_n, p.q_stride_h) + tx * kVec;
       FLASHINFER_UNROLL
       for (int v = 0; v < kVecs; ++v) {
         Vec<T, 8> qv;
         if (g < ng) {
-          qv.load(p.q + b * p.q_stride_n + int64_t{qh0 + g} * p.q_stride_h + tx * kVec + v * 8);
+          qv.load(qrow + v * 8);
           qv.to_float(q[g] + v * 8);
         } else {
           FLASHINFER_UNROLL
           for (int e = 0; e < 8; ++e) q[g][v * 8 + e] = 0.f;
         }
       }
-      if (rope) detail::rope_rotate<kTx, kVec>(q[g], inv_freq, tx, kv_len - 1);
+      if (rope) detail::rope_rotate<kTx, kVec>(q[g], inv_freq, tx, col.pos());
       FLASHINFER_UNROLL
       for (int e = 0; e < kVec; ++e) q[g][e] *= q_scale;
+      col.next();
     }
     // Per owned score: its head, whether that head is used (padded heads score -inf), and its
     // ALiBi slope (log2 units).
     float own_slope[kR];
-    bool own_head_ok[kR];
+    int32_t own_pos[kR];  // the query's position (multi-token decode: its token's; padded: -1)
     int own_g[kR];
     FLASHINFER_UNROLL
     for (int r = 0; r < kR; ++r) {
       const int g = (own0 + r) % kG;
       own_g[r] = g;
-      own_head_ok[r] = g < ng;
-      own_slope[r] = alibi ? detail::alibi_slope(qh0 + g, p.num_qo_heads) * detail::kLog2e : 0.f;
+      const DecodeQuery qr = decode_query(qh0 + g, p.num_qo_heads, p.group_size, p.q_len, kv_len);
+      own_pos[r] = g < ng ? static_cast<int32_t>(qr.pos) : -1;
+      own_slope[r] = alibi ? detail::alibi_slope(qr.head, qr.num_heads) * detail::kLog2e : 0.f;
     }
 
     const TKV* kbase = reinterpret_cast<const TKV*>(p.kv.k_data) + int64_t{kv_head} * p.kv.stride_h + tx * kVec;
@@ -314,7 +318,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
         float sc = x[r];
         if (soft_cap) sc = cap_log2 * tanhf(sc);
         sc += own_slope[r] * float(t);  // as the reference: slope * key position
-        if (t >= hi || !own_head_ok[r]) sc = neg_inf();
+        if (t >= hi || !detail::key_visible(own_pos[r], static_cast<int32_t>(t), detail::key_reach(p.window_left)))
+          sc = neg_inf();
         x[r] = sc;
         if (writer) xs[i] = sc;
       }

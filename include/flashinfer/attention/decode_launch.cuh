@@ -124,6 +124,17 @@ inline bool decode_tc_l2_evict_first(int64_t batch_size, int64_t kv_bytes) {
   return kv_bytes > 0 ? kv_bytes <= kDecodeL2FirstBytes : batch_size <= kDecodeL2FirstBatch;
 }
 
+// fp8 caches on little work take cp.async copies instead of boxes: with half the bytes per tile a
+// CTA runs only a few tiles, and the box path's longer first copy (page id, then one lane's
+// tensor copy and its mbarrier) shows. H200, e4m3, bf16 q, 32/8 x 128, page 16, us (boxes /
+// cp.async; keys x KV heads per SM): 1 x 4096 (248) 17.2 / 15.8, 4 x 1024 (248) 15.1 / 14.0,
+// single 4096 17.6 / 17.1; 16 x 1024 (993) 24.2 / 27.3, 1 x 16384 (993) 26.9 / 29.2, 1 x 32768
+// 37.2 / 41.5. fp16 / bf16 caches keep boxes there (1 x 4096 17.2 / 18.1, 4 x 1024 16.9 / 17.7).
+constexpr int64_t kDecodeFp8BoxMinKeysPerSM = 512;
+inline bool decode_fp8_prefers_cp_async(int64_t keys, int num_kv_heads, int num_sms) {
+  return keys > 0 && keys * num_kv_heads <= kDecodeFp8BoxMinKeysPerSM * num_sms;
+}
+
 // The L2 promotion of the box engine's tensor maps: 128 bytes (a box row of 64 dims is one
 // 128-byte line). With 256-byte promotion (the choice before session 8) the two 64-dim halves of
 // a key row, fetched by two boxes back to back, each pull the whole 256 bytes, and the time
@@ -304,6 +315,8 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     const int64_t kv_bytes = keys * p.num_kv_heads * kHeadDim * 2 * (fp8 ? int64_t{1} : int64_t{sizeof(T)});
     maps.l2_evict_first = decode_tc_l2_evict_first(p.batch_size, kv_bytes) ? 1 : 0;
     if (copy == TcCopy::kRows && (fp8 || !decode_tc_bulk_aligned(p))) copy = TcCopy::kCpAsync;
+    if (fp8 && copy == TcCopy::kBoxes && decode_fp8_prefers_cp_async(keys, p.num_kv_heads, dev.num_sms))
+      copy = TcCopy::kCpAsync;
   }
   DecodeLaunch l;
   const bool rope = p.pos_encoding == PosEncodingMode::kRoPELlama;

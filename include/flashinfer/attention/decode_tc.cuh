@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
     uint32_t qa[kKSteps][2];
     {
       const bool row_ok = grp < ng;
-      const T* qrow = p.q + b * p.q_stride_n + int64_t{qh0 + (row_ok ? grp : 0)} * p.q_stride_h;
+      const DecodeQuery qr = decode_query(qh0 + (row_ok ? grp : 0), p.num_qo_heads, p.group_size, p.q_len, 0);
+      const T* qrow = p.q + decode_row_offset(qr, b, p.q_len, p.q_stride_n, p.q_stride_h);
       FLASHINFER_UNROLL
       for (int ks = 0; ks < kKSteps; ++ks) {
         // fp8 (see the top): k 2 tig + e is dim 16 ks + 4 tig + e, k 2 tig + 8 + e dim 16 ks + 4 tig + 2 + e.
@@ -222,13 +223,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
         sc_scale[e] = s_scale * __int_as_float((127 - kh) << 23);
       }
     }
-    // This thread's heads: h = tig * 2 + e (columns of S^T = K q^T and of O^T).
+    // This thread's heads: h = tig * 2 + e (columns of S^T = K q^T and of O^T): their ALiBi
+    // slopes and the keys they see (multi-token decode: each token's).
     float slope[2];
+    int32_t qpos[2];  // the query's position (multi-token decode: its token's)
     FLASHINFER_UNROLL
     for (int e = 0; e < 2; ++e) {
       const int h = tig * 2 + e;
-      slope[e] = alibi && h < ng ? detail::alibi_slope(qh0 + h, p.num_qo_heads) * detail::kLog2e : 0.f;
+      const DecodeQuery qr = decode_query(qh0 + h, p.num_qo_heads, p.group_size, p.q_len, it.kv_len);
+      qpos[e] = static_cast<int32_t>(qr.pos);  // (padded columns are never written)
+      slope[e] = alibi && h < ng ? detail::alibi_slope(qr.head, qr.num_heads) * detail::kLog2e : 0.f;
     }
+    const uint32_t reach = detail::key_reach(p.window_left);
 
     // Copy mapping: thread (row_base, chunk) copies 16-byte chunk `chunk` of key rows
     // row_base + kRowStep * i of each tile. Its swizzle term is the same for all its rows
@@ -433,7 +439,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 
           float v = sc[0][2 * r + e] + sc[1][2 * r + e];
           v = soft_cap ? cap_log2 * tanhf(v * sc_scale[e]) : v * sc_scale[e];
           if (alibi) v += slope[e] * float(t);
-          x[r][e] = t < hi_t ? v : neg_inf();
+          x[r][e] = t < hi_t && detail::key_visible(qpos[e], t, reach) ? v : neg_inf();
         }
       }
       float scale[2], pr[2][2];

@@ -27,6 +27,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
                    help="batch_decode: position encoding applied in the kernel (the SDPA baseline has none)")
     g.add_argument("--kv-dtype", choices=["same", "float8_e4m3fn", "float8_e5m2"], default="same",
                    help="KV cache element type (same: the --dtype)")
+    g.add_argument("--q-len-per-req", type=int, default=1,
+                   help="batch_decode: query tokens per request (multi-token decode, causal; needs tensor cores)")
 
 
 def _kv(torch, args, x):
@@ -58,9 +60,10 @@ def batch_decode(torch, args) -> Case:
     last = torch.full((b,), L - (pages_per - 1) * ps, dtype=torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, args.kv_layout, use_tensor_cores=args.use_tensor_cores)
+    n = args.q_len_per_req
     w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dt, kv_data_type=k.dtype,
-           pos_encoding_mode=args.pos_encoding_mode)
-    q = torch.randn(b, hq, d, dtype=dt, device="cuda")
+           pos_encoding_mode=args.pos_encoding_mode, q_len_per_req=n)
+    q = torch.randn(b * n, hq, d, dtype=dt, device="cuda")
     o = torch.empty_like(q)
     # reference inputs: the same keys gathered contiguous [B, Hkv, L, D]
     idx = indices.long().view(b, pages_per)
@@ -68,13 +71,19 @@ def batch_decode(torch, args) -> Case:
     kc = kn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous().to(dt)
     vc = vn[idx].reshape(b, pages_per * ps, hkv, d)[:, :L].transpose(1, 2).contiguous().to(dt)
     e = q.element_size()
-    nbytes = 2 * b * L * hkv * d * k.element_size() + 2 * b * hq * d * e
+    nbytes = 2 * b * L * hkv * d * k.element_size() + 2 * b * n * hq * d * e  # (pages once)
     tc = " tc" if args.use_tensor_cores else ""
     lay = (" HND" if hnd else "") + ("" if args.pos_encoding_mode == "NONE" else " " + args.pos_encoding_mode.lower())
-    lay += kvtag
+    lay += kvtag + (f" q{n}" if n > 1 else "")
+    if n > 1:  # SDPA on [b, hq, n, d] with the bottom-right causal mask
+        F = torch.nn.functional
+        qs = q.view(b, n, hq, d).transpose(1, 2)
+        mask = torch.ones(n, L, dtype=torch.bool, device="cuda").tril(L - n)
+        ref = lambda: F.scaled_dot_product_attention(qs, kc, vc, attn_mask=mask, enable_gqa=True)  # noqa: E731
+    else:
+        ref = _sdpa(torch, q, kc, vc)
     return Case("batch_decode" + tc, f"{b}x{L} {hq}/{hkv}x{d} ps{ps}{lay}", args.dtype, lambda: w.run(q, (k, v)),
-                lambda: w.run(q, (k, v), out=o), _sdpa(torch, q, kc, vc), "SDPA enable_gqa (contiguous KV)",
-                bytes=nbytes)
+                lambda: w.run(q, (k, v), out=o), ref, "SDPA enable_gqa (contiguous KV)", bytes=nbytes)
 
 
 def single_decode(torch, args) -> Case:

@@ -45,6 +45,7 @@ struct Case {
   int stages;
   int grid;
   bool in_kernel_merge = false;  // explicit split items merged by their last CTA (merge_counters)
+  int q_len = 1;  // query tokens per request (multi-token decode: token columns, decode_query)
 };
 
 int failures = 0;
@@ -52,7 +53,9 @@ int failures = 0;
 // TKV: the cache element (T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with p.kv_cache saying so).
 template <typename T, typename TKV = T>
 void run_case(const Case& c, uint64_t seed) {
-  const int D = c.head_dim, H = c.group * c.num_kv_heads, KH = c.num_kv_heads;
+  // H: the kernel's q-head columns, q_len per real q head (token-major per KV head, decode_query);
+  // q / o / lse are [B * q_len rows, HR real heads]
+  const int D = c.head_dim, KH = c.num_kv_heads, n = c.q_len, G = c.group * n, H = G * KH, HR = c.group * KH;
   const int B = static_cast<int>(c.lens.size());
   const bool contiguous = c.page_size == 0;
   std::mt19937_64 rng(seed);
@@ -88,7 +91,7 @@ void run_case(const Case& c, uint64_t seed) {
   };
 
   // work items
-  const int sub_groups = decode_sub_groups(c.group, D);
+  const int sub_groups = decode_sub_groups(G, D);
   const int units = KH * sub_groups;
   std::vector<DecodeWorkItem> items;
   std::vector<DecodeMergeInfo> merge(B);
@@ -112,7 +115,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   DecodeParams<T> p{};
   p.q = q.data();
-  p.q_stride_n = int64_t{H} * D;
+  p.q_stride_n = int64_t{HR} * D;
   p.q_stride_h = D;
   p.kv.k_data = reinterpret_cast<const T*>(kbuf.data());  // (fp8: kv_cache says what they hold)
   p.kv.v_data = reinterpret_cast<const T*>(vbuf.data());
@@ -135,7 +138,7 @@ void run_case(const Case& c, uint64_t seed) {
   p.contiguous_len = contiguous ? c.lens[0] : -1;
   p.seq_lens = nullptr;
   p.o = o.data();
-  p.o_stride_n = int64_t{H} * D;
+  p.o_stride_n = int64_t{HR} * D;
   p.o_stride_h = D;
   p.lse = lse.data();
   p.items = items.data();
@@ -159,7 +162,8 @@ void run_case(const Case& c, uint64_t seed) {
   p.batch_size = B;
   p.num_qo_heads = H;
   p.num_kv_heads = KH;
-  p.group_size = c.group;
+  p.group_size = G;
+  p.q_len = n;
   p.sub_groups = sub_groups;
   p.head_dim = D;
   p.sm_scale = 1.f / std::sqrt(float(D));
@@ -175,7 +179,7 @@ void run_case(const Case& c, uint64_t seed) {
     return;
   }
 
-  const int bucket = decode_group_bucket(c.group, D);
+  const int bucket = decode_group_bucket(G, D);
   auto go = [&](auto hd, auto gb) {
     constexpr int kD = decltype(hd)::value, kG = decltype(gb)::value;
     const int64_t smem =
@@ -221,17 +225,20 @@ void run_case(const Case& c, uint64_t seed) {
   for (int b = 0; b < B; ++b) {
     const int L = c.lens[b];
     for (int h = 0; h < H; ++h) {
-      const int kh = h / c.group;
+      // column h: KV head kh, token tok (position L - n + tok), real q head hr of HR
+      const int kh = h / G, tok = (h % G) / c.group, hr = kh * c.group + (h % G) % c.group;
+      const size_t row = size_t(b) * n + tok;  // q / o / lse row
+      const int qpos = L - n + tok;
       std::vector<double> qd(D);
-      for (int d = 0; d < D; ++d) qd[d] = tf(q[(size_t(b) * H + h) * D + d]);
-      if (c.pos == PosEncodingMode::kRoPELlama) rope(qd, L - 1);
+      for (int d = 0; d < D; ++d) qd[d] = tf(q[(row * HR + hr) * D + d]);
+      if (c.pos == PosEncodingMode::kRoPELlama) rope(qd, qpos);
       int nh = 1;
-      while (nh * 2 <= H) nh *= 2;
-      const double slope = h < nh ? std::exp2(-8.0 * (h + 1) / nh) : std::exp2(-4.0 * (2 * (h - nh) + 1) / nh);
+      while (nh * 2 <= HR) nh *= 2;
+      const double slope = hr < nh ? std::exp2(-8.0 * (hr + 1) / nh) : std::exp2(-4.0 * (2 * (hr - nh) + 1) / nh);
       std::vector<double> s;
       std::vector<int> ts;
-      const int lo = c.window_left >= 0 ? max(0, L - 1 - c.window_left) : 0;
-      for (int t = lo; t < L; ++t) {
+      const int lo = c.window_left >= 0 ? max(0, qpos - c.window_left) : 0;
+      for (int t = lo; t <= qpos; ++t) {
         std::vector<double> kd(D);
         for (int d = 0; d < D; ++d) kd[d] = kat(kbuf, b, t, kh, d);
         if (c.pos == PosEncodingMode::kRoPELlama) rope(kd, t);
@@ -254,13 +261,13 @@ void run_case(const Case& c, uint64_t seed) {
       }
       for (int d = 0; d < D; ++d) {
         const double ref = den > 0 ? acc[d] / den : 0.0;
-        const double got = tf(o[(size_t(b) * H + h) * D + d]);
+        const double got = tf(o[(row * HR + hr) * D + d]);
         const double err = std::fabs(got - ref);
         max_err = std::max(max_err, err);
         if (!(err <= 4e-3 + 8e-3 * std::fabs(ref))) bad = true;
       }
       const double ref_lse = den > 0 ? (mx + std::log(den)) / std::log(2.0) : -INFINITY;
-      const float got_lse = lse[size_t(b) * H + h];
+      const float got_lse = lse[row * HR + hr];
       if (den > 0) {
         const double e = std::fabs(got_lse - ref_lse);
         max_lse_err = std::max(max_lse_err, e);
@@ -272,12 +279,12 @@ void run_case(const Case& c, uint64_t seed) {
   }
   for (int32_t v : counters)
     if (v != 0) bad = true;  // the merging CTA resets its counter (CUDA-graph replays reuse them)
-  std::printf("%s%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d: "
+  std::printf("%s%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d q_len=%d: "
               "max|do|=%.2e max|dlse|=%.2e %s\n",
               std::is_same<T, __half>::value ? "f16" : "bf16",
               std::is_same<TKV, T>::value ? "" : std::is_same<TKV, __nv_fp8_e4m3>::value ? "/e4m3" : "/e5m2", D, c.group, KH,
               c.page_size, c.lens.size(), c.chunk, int(c.pos), c.soft_cap, c.window_left, c.hnd, c.stages, c.grid,
-              max_err, max_lse_err, bad ? "FAIL" : "ok");
+              c.q_len, max_err, max_lse_err, bad ? "FAIL" : "ok");
   std::fflush(stdout);
   if (bad) ++failures;
 }
@@ -319,6 +326,14 @@ int main() {
       {128, 12, 1, 5, {200, 70}, 32, A, 20.f, -1, true, 3, 3, true},
       {512, 8, 1, 16, {150, 20}, 64, R, 0.f, -1, false, 2, 4, true},
       {64, 1, 2, 7, {90}, 16, N, 0.f, 40, false, 2, 7, true},
+      // multi-token decode (q_len tokens per request as columns): causal per token, RoPE at each
+      // token's position, ALiBi of the real head, per-token windows, splits, sub-groups
+      {128, 4, 2, 16, {37, 4, 100, 64}, 0, N, 0.f, -1, false, 2, 5, false, 2},
+      {128, 2, 1, 5, {77, 3}, 16, A, 0.f, -1, true, 3, 4, false, 3},
+      {128, 4, 1, 16, {90, 33}, 0, R, 0.f, -1, false, 2, 2, false, 4},   // 16 columns: 2 sub-groups
+      {128, 1, 2, 7, {61, 9}, 0, N, 0.f, 20, false, 2, 2, false, 5},     // windows per token
+      {64, 8, 1, 1, {33}, 10, A, 20.f, -1, true, 2, 2, true, 2},        // split, in-kernel merge
+      {512, 2, 1, 16, {150, 20}, 64, R, 0.f, 30, false, 2, 4, true, 3},  // head_dim 512, RoPE + window
   };
   uint64_t seed = 1;
   for (const Case& c : cases) run_case<__half>(c, seed++);
@@ -337,6 +352,8 @@ int main() {
   run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[14], 206);
   run_case<__half, __nv_fp8_e5m2>(cases[20], 207);
   run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[25], 208);
+  run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[29], 209);  // multi-token, fp8
+  run_case<__nv_bfloat16>(cases[31], 210);
   std::printf(failures ? "FAILED: %d\n" : "all ok\n", failures);
   return failures ? 1 : 0;
 }

@@ -1,5 +1,6 @@
 // plan_decode(): every (request, q-head unit, key) is covered exactly once, chunks respect the
 // split length, partial slots are disjoint, and fixed/disabled splits are batch-invariant.
+// decode_query(): multi-token columns map onto (real q head, token) one to one.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -10,6 +11,7 @@
 #include <cstdio>
 
 #include "check.h"
+#include "flashinfer/attention/decode.h"
 #include "flashinfer/attention/scheduler.h"
 
 using namespace flashinfer::attention;
@@ -83,7 +85,37 @@ static int64_t makespan_direct(const std::vector<int64_t>& lens, int64_t units, 
   return t;
 }
 
+// Multi-token decode's columns (decode.h decode_query): KV head kh's q_len * g columns are each
+// (real q head of kh's group, token) once, token t at position kv_len - q_len + t; q_len 1 is
+// the identity with position kv_len - 1.
+static void check_decode_query() {
+  for (int kvh : {1, 3, 8})
+    for (int g : {1, 2, 4, 7})
+      for (int n : {1, 2, 5}) {
+        const int group = g * n, cols = kvh * group;
+        const int64_t kv_len = 1000;
+        std::map<std::pair<int, int64_t>, int> seen;
+        for (int c = 0; c < cols; ++c) {
+          const DecodeQuery q = decode_query(c, cols, group, n, kv_len);
+          CHECK(q.num_heads == kvh * g);
+          CHECK(q.head / g == c / group);  // a head of the column's KV head
+          CHECK(q.pos >= kv_len - n && q.pos <= kv_len - 1);
+          CHECK(q.token == q.pos - (kv_len - n));
+          // request 2's rows 2n .. 3n - 1 of [batch * n, real heads] (and of lse)
+          const int64_t off = decode_row_offset(q, 2, n, int64_t{kvh} * g * 10, 10);
+          CHECK(off == ((2 * n + q.token) * kvh * g + q.head) * 10);
+          CHECK(decode_lse_index(q, 2, n) == (2 * n + q.token) * kvh * g + q.head);
+          ++seen[{q.head, q.pos}];
+        }
+        CHECK(static_cast<int>(seen.size()) == cols);  // one to one
+        if (n == 1)
+          for (int c = 0; c < cols; ++c) CHECK(decode_query(c, cols, group, 1, kv_len).head == c);
+      }
+  CHECK(decode_query(5, 8, 8, 0, 7).pos == 6);  // q_len 0 (zero-initialised params) is one token
+}
+
 int main() {
+  check_decode_query();
   std::mt19937 rng(5);
   // The run sort (radix for long lists, std::sort for short): a permutation, longest first.
   for (int it = 0; it < 300; ++it) {
