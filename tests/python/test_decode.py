@@ -655,8 +655,10 @@ def test_fp8_kv_multi_token_cast_out_strided_q():
             ro, rl = decode_one(q[b * q_len + i], kb[:n], vb[:n], sm_scale=1 / math.sqrt(d))
             assert_attention_close(out[b * q_len + i], 2.0 * ro, f"o[{b}, {i}]")
             assert_lse_close(lse[b * q_len + i], rl, f"lse[{b}, {i}]")
-    with pytest.raises(ValueError, match="Invalid shape of lse"):
+    with pytest.raises(ValueError, match="lse.dtype must be float32"):
         w.run(q, cache, lse=torch.empty(q.shape[0], hq, dtype=torch.float16, device=CUDA))
+    with pytest.raises(ValueError, match="lse.* batch_size \\* q_len_per_req"):
+        w.run(q, cache, lse=torch.empty(len(lens), hq, device=CUDA))
     with pytest.raises(ValueError, match="Invalid shape of out"):
         w.run(q, cache, out=torch.empty(q.shape, dtype=torch.bfloat16, device=CUDA))
 

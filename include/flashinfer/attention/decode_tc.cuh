@@ -100,10 +100,12 @@ FLASHINFER_DEVICE uint32_t fp8x2_to_f16x2(uint32_t v) {
 // Registers: the cp.async engine (sm_80's) is held to 128, i.e. 4 CTAs per SM where shared
 // memory allows (unbounded, its head_dim 64 build took 164); the sm_90 engines keep ptxas's
 // choice (124-128; a minimum of 0 blocks leaves their SASS identical to no minimum, while 1
-// moved the box engine to 140 registers).
+// moved the box engine to 140 registers), except the fp8 box engine: left alone ptxas gave it
+// 250 registers, 2 CTAs per SM instead of 4 (H200, e4m3: 256 x 1024 156 -> 188 us), so it is
+// held to 128 too.
 // TKV: the cache element, T, or fp8 with kCopy kCpAsync or kBoxes at decode_tc_takes_fp8 head_dims.
 template <typename T, int kHeadDim, TcCopy kCopy, typename TKV = T>
-__global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync ? 4 : 0)
+__global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || sizeof(TKV) == 1 ? 4 : 0)
     DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
   constexpr bool kFp8 = sizeof(TKV) == 1;
   using TM = std::conditional_t<kFp8, __half, T>;  // the MMAs' operand type (see the top)
