@@ -420,8 +420,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_fp8 = self._cached_kv_data_type if kv_code else None  # run() checks and views fp8 caches
         self._cached_o_data_type = getattr(torch, o_name)
         # o_data_type other than q's: the kernels write q's dtype into a temporary that run()
-        # casts into o (one extra pass over o, a few KB per step; rounding fp16 -> bf16 twice
-        # equals rounding once, bf16 -> fp16 keeps bf16's 8 bits)
+        # casts into o (one extra pass over o, a few KB per step). The output is rounded twice:
+        # fp16 q -> bf16 o can differ from one rounding in the last bit on ties, and bf16 q ->
+        # fp16 o carries bf16's 8 significant bits, not fp16's 11.
         self._o_cast = self._cached_o_data_type if o_name != q_name else None
         self._page_size = int(page_size)
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
