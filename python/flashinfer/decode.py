@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import warnings
 from typing import Any, Optional, Tuple, Union
 
@@ -605,7 +606,27 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
                                 rope_theta: Optional[float] = None, return_lse: bool = False):
     """Attention of one query token (``q [num_qo_heads, head_dim]``) over a contiguous KV
     (``k``, ``v``: ``[kv_len, num_kv_heads, head_dim]`` NHD or ``[num_kv_heads, kv_len, head_dim]``
-    HND). Returns ``o [num_qo_heads, head_dim]`` (and base-2 ``lse [num_qo_heads]`` float32)."""
+    HND). Returns ``o [num_qo_heads, head_dim]`` (and base-2 ``lse [num_qo_heads]`` float32).
+    Under torch.compile it is one custom op, ``torch.ops.flashinfer.single_decode_with_kv_cache``
+    (flashinfer/_torch_ops.py), so ``fullgraph=True`` and ``mode="reduce-overhead"`` trace it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        ops = _TORCH_OPS
+        if ops is None:
+            raise RuntimeError("single_decode_with_kv_cache under torch.compile: its custom op is registered when "
+                               "flashinfer is imported after torch, or on the first call outside torch.compile")
+        o, lse = ops.single_decode(q, k, v, kv_layout, _pos_name(pos_encoding_mode), bool(use_tensor_cores), q_scale,
+                                   k_scale, v_scale, int(window_left), logits_soft_cap, sm_scale, rope_scale,
+                                   rope_theta, bool(return_lse))
+        return (o, lse) if return_lse else o
+    if _TORCH_OPS is None and torch is not None:
+        _load_torch_ops()
+    return _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale,
+                          window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse)
+
+
+def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,
+                   logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse):
     layout = _layout_code(kv_layout)
     pos = _pos_code(pos_encoding_mode)
     fw = framework_of(q, "q")
@@ -658,6 +679,28 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     return (out, lse) if return_lse else out
 
 
+def _pos_name(mode: Union[str, int]) -> str:
+    """pos_encoding_mode as its name (the custom op takes a string)."""
+    if isinstance(mode, int):
+        names = {v: k for k, v in _POS_MODES.items()}
+        if mode not in names:
+            raise KeyError(mode)
+        return names[mode]
+    return getattr(mode, "name", mode)
+
+
+# flashinfer._torch_ops (torch custom ops for torch.compile), loaded once torch is: at import when
+# torch came first, else on the first call with torch loaded.
+_TORCH_OPS: Any = None
+
+
+def _load_torch_ops() -> None:
+    global _TORCH_OPS
+    from . import _torch_ops
+
+    _TORCH_OPS = _torch_ops
+
+
 def _get_range_buf(seq_len: int, device) -> Any:
     """vLLM imports this helper: arange(seq_len) as int32 on ``device``."""
     torch = _torch()
@@ -666,3 +709,7 @@ def _get_range_buf(seq_len: int, device) -> Any:
 
 def trtllm_batch_decode_with_kv_cache(*args, **kwargs):
     raise NotImplementedError("trtllm_batch_decode_with_kv_cache (TensorRT-LLM kernels) is not available")
+
+
+if "torch" in sys.modules:  # (importing flashinfer never imports torch itself)
+    _load_torch_ops()

@@ -65,6 +65,51 @@ def test_import_loads_no_framework():
     assert result.stdout.strip() == "[]"
 
 
+def test_single_decode_is_one_op_under_torch_compile():
+    """torch.compile(fullgraph=True) traces single_decode_with_kv_cache as one custom op,
+    torch.ops.flashinfer.single_decode_with_kv_cache, whose fake function gives o [H, D] and lse
+    [H] (or no lse). Traced on CPU tensors: running the graph then fails in the kernel call (no
+    GPU here, or the binding refusing host tensors), after tracing has succeeded."""
+    torch = pytest.importorskip("torch")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def fn(q, k, v):
+        o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, use_tensor_cores=True, return_lse=True)
+        return o * 2, lse
+
+    q = torch.randn(32, 128, dtype=torch.bfloat16)
+    k = torch.randn(100, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises((RuntimeError, ValueError)):
+        torch.compile(fn, fullgraph=True, backend=backend)(q, k, k)
+    assert len(graphs) == 1 and "torch.ops.flashinfer.single_decode_with_kv_cache" in graphs[0].code
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fq, fk = torch.empty(32, 128, dtype=torch.float16), torch.empty(100, 8, 128, dtype=torch.float16)
+        op = torch.ops.flashinfer.single_decode_with_kv_cache
+        o, lse = op(fq, fk, fk, "NHD", "NONE", False, None, None, None, -1, None, None, None, None, True)
+        assert o.shape == (32, 128) and o.dtype == torch.float16 and lse.shape == (32,) and lse.dtype == torch.float32
+        _, no_lse = op(fq, fk, fk, "NHD", "NONE", False, None, None, None, -1, None, None, None, None, False)
+        assert no_lse.shape == (0,)
+
+
+def test_torch_imported_after_flashinfer_gets_the_ops_on_the_first_call():
+    code = ("import flashinfer, torch, flashinfer.decode as d\n"
+            "before = d._TORCH_OPS is None\n"
+            "try:\n"
+            "    flashinfer.single_decode_with_kv_cache(torch.randn(8, 64), torch.randn(5, 8, 64), torch.randn(5, 8, 64))\n"
+            "except Exception:\n"
+            "    pass\n"
+            "print(before, d._TORCH_OPS is not None, hasattr(torch.ops.flashinfer, 'single_decode_with_kv_cache'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["True", "True", "True"], result.stdout + result.stderr
+
+
 def test_binding_argument_errors_are_value_and_runtime_errors():
     """FlashInfer raises ValueError from its Python checks and RuntimeError from its C++ ones;
     our bindings' checks raise one type that is both, so code written for either catches it."""
