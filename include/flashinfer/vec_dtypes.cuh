@@ -27,7 +27,6 @@ FLASHINFER_DEVICE __half from_float<__half>(float x) { return __float2half_rn(x)
 template <>
 FLASHINFER_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// N elements of T stored together; 16-byte vectors load and store as one 128-bit access.
 // A pair of 16-bit values in one 32-bit word (low half first) as two floats; the pointer picks
 // the type. bf16 -> f32 is a shift.
 FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __nv_bfloat16*) {
@@ -43,6 +42,7 @@ FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __half*) {
   return __half22float2(h);
 }
 
+// N elements of T stored together; 16-byte vectors load and store as one 128-bit access.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
   T v[N];

@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
       for (int e = 0; e < kVec; ++e) q[g][e] *= q_scale;
       col.next();
     }
-    // Per owned score: its head, whether that head is used (padded heads score -inf), and its
-    // ALiBi slope (log2 units).
+    // Per owned score: its head, its query's position (keys it may see; padded heads see none),
+    // and its ALiBi slope (log2 units).
     float own_slope[kR];
     int32_t own_pos[kR];  // the query's position (multi-token decode: its token's; padded: -1)
     int own_g[kR];
