@@ -57,6 +57,15 @@ int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode
   return ctas;
 }
 
+// FLASHINFER_DECODE_MIN_CHUNK (read once; 0 when unset): the fewest keys per split chunk.
+int64_t min_chunk_knob() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_MIN_CHUNK");
+    return e ? std::atoll(e) : int64_t{0};
+  }();
+  return v;
+}
+
 // The plan and its launch shape. allow_shape (not under CUDA graphs, whose launch shape must
 // not depend on the plan): tensor-core work small enough for decode_prefers_deep plans for one
 // CTA per SM at kDecodeDeepStages; larger tensor-core work is planned for both the default and
@@ -66,7 +75,8 @@ int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode
 // (single decode: 32768 keys measured 49.95 us at the default, 52.1 wide; batch 1 x 32768 alike
 // either way). cfg arrives with ctas_per_sm at the default depth.
 // Knobs, read once: FLASHINFER_DECODE_DEEP (0 never plans deep; n > 1 moves the threshold to n
-// keys x KV heads per SM), FLASHINFER_DECODE_WIDE=0 (never plans wide).
+// keys x KV heads per SM), FLASHINFER_DECODE_WIDE=0 (never plans wide). Larger tensor-core
+// work splits no shorter than decode_tc_min_chunk unless FLASHINFER_DECODE_MIN_CHUNK is set.
 struct ShapedPlan {
   flashinfer::attention::DecodePlan plan;
   int stages = 0;     // > 0: the plan's pipeline depth; 0: the launch default
@@ -85,7 +95,8 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     const char* e = std::getenv("FLASHINFER_DECODE_WIDE");
     return !(e && e[0] == '0' && e[1] == 0);
   }();
-  const bool shaped = allow_shape && decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim, kv);
+  const bool tc = decode_uses_tc(use_tc, static_cast<PosEncodingMode>(pos_mode), head_dim, kv);
+  const bool shaped = allow_shape && tc;
   auto at_depth = [&](int stages) {
     DecodePlanConfig c = cfg;
     c.ctas_per_sm = ctas_per_sm(dt, head_dim, cfg.group_size, use_tc, pos_mode, kv, &c.num_sms, stages);
@@ -95,6 +106,8 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     const DecodePlanConfig c = at_depth(kDecodeDeepStages);
     return {plan_decode(lens, c, begins), kDecodeDeepStages, int64_t{c.num_sms} * c.ctas_per_sm};
   }
+  if (tc && min_chunk_knob() <= 0)
+    cfg.min_chunk = std::max(cfg.min_chunk, decode_tc_min_chunk(head_dim, kv == KVCache::kSameAsQ ? 2 : 1));
   ShapedPlan out{plan_decode(lens, cfg, begins), 0, int64_t{cfg.num_sms} * cfg.ctas_per_sm};
   if (!shaped || !allow_wide || !wide_on) return out;
   const DecodePlanConfig w = at_depth(kDecodeWideStages);
@@ -115,17 +128,13 @@ void apply_split_knobs(flashinfer::attention::DecodePlanConfig* cfg) {
     const char* e = std::getenv("FLASHINFER_DECODE_WAVES");
     return e ? std::atoi(e) : 0;
   }();
-  static const int64_t min_chunk = [] {
-    const char* e = std::getenv("FLASHINFER_DECODE_MIN_CHUNK");
-    return e ? std::atoll(e) : int64_t{0};
-  }();
   static const int64_t item_cost = [] {
     const char* e = std::getenv("FLASHINFER_DECODE_ITEM_COST");
     return e ? std::atoll(e) : int64_t{-1};
   }();
   if (item_cost >= 0) cfg->item_cost = item_cost;
   if (waves > 0) cfg->waves = waves;
-  if (min_chunk > 0) cfg->min_chunk = min_chunk;
+  if (min_chunk_knob() > 0) cfg->min_chunk = min_chunk_knob();
 }
 
 void check_head_dim(const char* op, int64_t head_dim) {

@@ -114,6 +114,9 @@ inline MergeShape merge_shape(int64_t row_heads, int64_t head_dim, int vec_elems
   return l;
 }
 
+// Dynamic shared memory of MergeStateKernel: an s_out offset (int64) and an LSE per group.
+inline int64_t merge_state_smem(const MergeShape& l) { return int64_t{l.groups_per_block} * (8 + 4); }
+
 // The vector that lane `lane` owns in round `round`, slot `i` (>= head_vecs: not owned).
 FLASHINFER_HOST_DEVICE int merge_vec_index(const MergeShape& l, int lane, int round, int i) {
   return (round * l.vecs + i) * l.group + lane;

@@ -204,6 +204,22 @@ inline bool decode_prefers_deep(const std::vector<int64_t>& kv_lens, int num_kv_
   return total * num_kv_heads <= keys_per_sm * std::max(num_sms, 1);
 }
 
+// The tensor-core kernel's min_chunk outside the deep plans, as K and V bytes of one KV head:
+// kDecodeTcMinChunkBytes, i.e. 512 keys of fp16 / bf16 at head_dim 128 and 1024 keys of fp8 at
+// 128 or of fp16 / bf16 at 64 (balanced chunks are longer than half of it). The makespan model
+// gives every CTA slot bandwidth of its own, so where 4 CTAs fit per SM (fp8 caches, head_dim
+// 64) it cut requests into chunks half as long as at 2 CTAs: more partial states and more
+// per-item cost while each SM moves the same bytes. H200, 32/8 heads, page 16, one run, us
+// (min_chunk 128 -> this): e4m3 1 x 32768 37.4 -> 33.4, single decode 32768 38.9 -> 34.5,
+// 2 x 16384 34.9 -> 32.5, 24 x 4096 82.3 -> 69.0, 48 x 2048 82.4 -> 66.9; bf16 head_dim 64
+// 1 x 32768 34.6 -> 31.1, 24 x 4096 76.3 -> 66.5. Unchanged: e4m3 64 x 2048 and 256 x 1024 (no
+// split) and the bf16 head_dim 128 goal cases (their chunks were already this long).
+constexpr int64_t kDecodeTcMinChunkBytes = int64_t{256} << 10;
+inline int64_t decode_tc_min_chunk(int head_dim, int kv_elem_bytes) {
+  const int64_t key_bytes = int64_t{2} * std::max(head_dim, 1) * std::max(kv_elem_bytes, 1);  // K + V
+  return std::max<int64_t>(kDecodeChunkAlign, kDecodeTcMinChunkBytes / key_bytes);
+}
+
 // Work items that write a partial state (split requests' chunks), per CTA of `slots`, rounded up.
 inline int64_t decode_split_items_per_slot(const DecodePlan& plan, int64_t slots) {
   int64_t split = 0;

@@ -114,8 +114,38 @@ static void check_decode_query() {
   CHECK(decode_query(5, 8, 8, 0, 7).pos == 6);  // q_len 0 (zero-initialised params) is one token
 }
 
+// The tensor-core kernel's shortest split: 256 KiB of K and V per chunk, whole tiles. A plan
+// built with it balances a request's chunks, so a chunk (but a request's last) is longer than
+// half of it.
+static void check_tc_min_chunk() {
+  CHECK(decode_tc_min_chunk(128, 2) == 512);
+  CHECK(decode_tc_min_chunk(128, 1) == 1024);
+  CHECK(decode_tc_min_chunk(64, 2) == 1024);
+  CHECK(decode_tc_min_chunk(256, 2) == 256);
+  CHECK(decode_tc_min_chunk(512, 2) == 128);
+  CHECK(decode_tc_min_chunk(8192, 2) == kDecodeChunkAlign);  // never below a tile
+  DecodePlanConfig cfg;
+  cfg.num_sms = 132, cfg.ctas_per_sm = 4, cfg.num_kv_heads = 8, cfg.group_size = 4, cfg.page_size = 16;
+  cfg.min_chunk = decode_tc_min_chunk(128, 1);
+  std::mt19937 rng(11);
+  std::vector<std::vector<int64_t>> cases{{32768}, std::vector<int64_t>(24, 4096), {5000, 70000, 3}, {1100}};
+  for (int i = 0; i < 40; ++i) {
+    std::vector<int64_t> lens(1 + rng() % 40);
+    for (auto& l : lens) l = rng() % 40000;
+    cases.push_back(lens);
+  }
+  for (const auto& lens : cases) {
+    const DecodePlan p = plan_decode(lens, cfg);
+    for (const DecodeWorkItem& it : p.items)
+      if (it.kv_end < it.kv_len) CHECK(2 * (it.kv_end - it.kv_begin) > cfg.min_chunk);
+    check_plan(lens, cfg);
+  }
+  CHECK(plan_decode({32768}, cfg).chunk_tokens == 1024);  // 256 items of 1024 keys, not 512 of 512
+}
+
 int main() {
   check_decode_query();
+  check_tc_min_chunk();
   std::mt19937 rng(5);
   // The run sort (radix for long lists, std::sort for short): a permutation, longest first.
   for (int it = 0; it < 300; ++it) {
