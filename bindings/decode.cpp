@@ -75,8 +75,8 @@ int64_t min_chunk_knob() {
 // (single decode: 32768 keys measured 49.95 us at the default, 52.1 wide; batch 1 x 32768 alike
 // either way). cfg arrives with ctas_per_sm at the default depth.
 // Knobs, read once: FLASHINFER_DECODE_DEEP (0 never plans deep; n > 1 moves the threshold to n
-// keys x KV heads per SM), FLASHINFER_DECODE_WIDE=0 (never plans wide). Larger tensor-core
-// work splits no shorter than decode_tc_min_chunk unless FLASHINFER_DECODE_MIN_CHUNK is set.
+// keys x KV heads per SM), FLASHINFER_DECODE_WIDE=0 (never plans wide). Plans other than the
+// deep ones split no shorter than decode_min_chunk unless FLASHINFER_DECODE_MIN_CHUNK is set.
 struct ShapedPlan {
   flashinfer::attention::DecodePlan plan;
   int stages = 0;     // > 0: the plan's pipeline depth; 0: the launch default
@@ -106,8 +106,8 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     const DecodePlanConfig c = at_depth(kDecodeDeepStages);
     return {plan_decode(lens, c, begins), kDecodeDeepStages, int64_t{c.num_sms} * c.ctas_per_sm};
   }
-  if (tc && min_chunk_knob() <= 0)
-    cfg.min_chunk = std::max(cfg.min_chunk, decode_tc_min_chunk(head_dim, kv == KVCache::kSameAsQ ? 2 : 1));
+  if (min_chunk_knob() <= 0)
+    cfg.min_chunk = decode_min_chunk(tc, head_dim, kv == KVCache::kSameAsQ ? 2 : 1, cfg.min_chunk);
   ShapedPlan out{plan_decode(lens, cfg, begins), 0, int64_t{cfg.num_sms} * cfg.ctas_per_sm};
   if (!shaped || !allow_wide || !wide_on) return out;
   const DecodePlanConfig w = at_depth(kDecodeWideStages);

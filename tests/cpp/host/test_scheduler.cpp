@@ -124,6 +124,11 @@ static void check_tc_min_chunk() {
   CHECK(decode_tc_min_chunk(256, 2) == 256);
   CHECK(decode_tc_min_chunk(512, 2) == 128);
   CHECK(decode_tc_min_chunk(8192, 2) == kDecodeChunkAlign);  // never below a tile
+  CHECK(decode_min_chunk(true, 128, 1, 128) == 1024);
+  CHECK(decode_min_chunk(true, 512, 2, 256) == 256);  // never below the default
+  CHECK(decode_min_chunk(false, 128, 2, 128) == kDecodeCcMinChunk);
+  CHECK(decode_min_chunk(false, 256, 2, 128) == kDecodeCcMinChunk);
+  CHECK(decode_min_chunk(false, 128, 1, 128) == 128);  // fp8 on CUDA cores keeps the default
   DecodePlanConfig cfg;
   cfg.num_sms = 132, cfg.ctas_per_sm = 4, cfg.num_kv_heads = 8, cfg.group_size = 4, cfg.page_size = 16;
   cfg.min_chunk = decode_tc_min_chunk(128, 1);
