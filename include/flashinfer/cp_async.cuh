@@ -41,13 +41,17 @@ FLASHINFER_DEVICE void copy_or_zero(void* smem, const void* gmem, bool valid) {
                  : "memory");
   }
 }
+// kBytes 16, 8 or 4 (4: e.g. an LSE riding along with 16-byte copies of values; .ca, the
+// only form below 16 bytes).
 template <int kBytes>
 FLASHINFER_DEVICE void copy(void* smem, const void* gmem) {
-  static_assert(kBytes == 16 || kBytes == 8, "16- or 8-byte copies");
+  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "16-, 8- or 4-byte copies");
   if constexpr (kBytes == 16) {
     copy16(smem, gmem);
-  } else {
+  } else if constexpr (kBytes == 8) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
   }
 }
 

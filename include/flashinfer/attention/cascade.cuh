@@ -47,8 +47,12 @@ struct Pack {
   // A plain (weak) 16-byte store in PTX: NVVM splits a C++ uint4 store of this reassembled
   // value into four 4-byte ones, and __stwb becomes a strong store.
   FLASHINFER_DEVICE void store(T* p) const {
+#if defined(__CUDA_ARCH__)
     asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w)
                  : "memory");
+#else
+    memcpy(static_cast<void*>(p), &u, 16);  // (host compilation: the kernel emulator, tests/cpp/emu)
+#endif
   }
   FLASHINFER_DEVICE void to_float(float* f) const {
     const float2 a = unpack2(u.x, tag()), b = unpack2(u.y, tag()), c = unpack2(u.z, tag()), d = unpack2(u.w, tag());
@@ -69,12 +73,6 @@ struct Pack<T, 1> {
   FLASHINFER_DEVICE void to_float(float* f) const { f[0] = flashinfer::to_float(x); }
   FLASHINFER_DEVICE void from_float(const float* f) { x = flashinfer::from_float<T>(f[0]); }
 };
-
-// 4-byte cp.async (.ca: the only form for 4 bytes) for the LSE that rides along with the
-// 16-byte copy16 of the values.
-FLASHINFER_DEVICE void copy4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(cp_async::smem_addr(smem)), "l"(gmem) : "memory");
-}
 
 // wa * a + wb * b in fp32, rounded once.
 template <typename T, int kE>
@@ -181,7 +179,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesPipelinedKernel(cons
           const int j = merge_vec_index(l, lane, r, i);
           if (j < l.head_vecs) cp_async::copy16(slots + (stage * kVecs + i) * nt + t, vk + j * 8);
         }
-        detail::copy4(lse_slots + stage * nt + t, s + k * p.s_stride_k);
+        cp_async::copy<4>(lse_slots + stage * nt + t, s + k * p.s_stride_k);  // (the LSE rides along)
       }
       cp_async::commit();  // one group per state, empty past the end, so the counting holds
     };
@@ -301,19 +299,12 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeSt
   pdl_launch_dependents();
 }
 
-// Launches MergeState on `stream` (current device): 16-byte vectors when head_dim and every
-// v pointer and stride allow them, single elements otherwise. A head wider than one round
-// (several tiles) merged into an LSE tensor it reads is done in two passes, values then
-// LSEs, so that no tile overwrites an LSE another tile has yet to read.
+// Launches MergeState on `stream` (current device), in the passes of merge_state_passes
+// (cascade.h).
 template <typename T>
 cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
-  const int64_t row_heads = p.seq_len * p.num_heads;
-  if (row_heads == 0) return cudaSuccess;
   constexpr int kE = 16 / sizeof(T);
-  const bool vec = p.head_dim % kE == 0 && vec_aligned(p.v_a, p.a.v_n, p.a.v_h, kE, sizeof(T)) &&
-                   vec_aligned(p.v_b, p.b.v_n, p.b.v_h, kE, sizeof(T)) &&
-                   vec_aligned(p.v_out, p.out.v_n, p.out.v_h, kE, sizeof(T));
   // 16-byte vectors per thread: one (H200, 8192 x 32 x 128 bf16: 56.7 us at 1, 59.4 at 2, 63.9
   // at 4, 77.7 at 8); FLASHINFER_MERGE_VECS=1|2|4|8 overrides (a tuning knob, read once).
   static const int env_vecs = [] {
@@ -328,27 +319,26 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
     const int v = e ? std::atoi(e) : 0;
     return v == 256 || v == 512 ? v : kMergeStateThreads;
   }();
-  const int vecs = vec ? env_vecs : kMergeVecs;
-  auto run = [&](const MergeShape& l) {
+  const MergeStatePasses passes = merge_state_passes(p, env_vecs, env_threads);
+  for (int i = 0; i < passes.count; ++i) {
+    const MergeShape& l = passes.pass[i];
     if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
     const size_t smem = static_cast<size_t>(merge_state_smem(l));
-    if (!vec || l.head_vecs == 0)
-      return launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, smem, stream, p.pdl, p, l);
-    switch (l.vecs) {
-      case 1: return launch(MergeStateKernel<T, kE, 1>, grid, block, smem, stream, p.pdl, p, l);
-      case 4: return launch(MergeStateKernel<T, kE, 4>, grid, block, smem, stream, p.pdl, p, l);
-      case 8: return launch(MergeStateKernel<T, kE, 8>, grid, block, smem, stream, p.pdl, p, l);
-      default: return launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, smem, stream, p.pdl, p, l);
+    cudaError_t err;
+    if (!passes.vec || l.head_vecs == 0) {
+      err = launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, smem, stream, p.pdl, p, l);
+    } else {
+      switch (l.vecs) {
+        case 1: err = launch(MergeStateKernel<T, kE, 1>, grid, block, smem, stream, p.pdl, p, l); break;
+        case 4: err = launch(MergeStateKernel<T, kE, 4>, grid, block, smem, stream, p.pdl, p, l); break;
+        case 8: err = launch(MergeStateKernel<T, kE, 8>, grid, block, smem, stream, p.pdl, p, l); break;
+        default: err = launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, smem, stream, p.pdl, p, l);
+      }
     }
-  };
-  MergeShape l = merge_shape(row_heads, p.head_dim, vec ? kE : 1, vecs, env_threads);
-  if (l.rounds > 1 && (p.s_out == p.s_a || p.s_out == p.s_b)) {
-    l.write_s = false;
-    FLASHINFER_CUDA_TRY(run(l));
-    return run(merge_shape(row_heads, 0, 1, kMergeVecs));  // LSEs only
+    FLASHINFER_CUDA_TRY(err);
   }
-  return run(l);
+  return cudaSuccess;
 }
 
 template <typename T>

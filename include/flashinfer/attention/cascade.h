@@ -20,7 +20,7 @@ struct StateStrides {
 
 // out = merge(a, b) row by row (state.h's merge_weights). Outputs may alias inputs with the
 // same strides (in place: v_out == v_a, s_out == s_a): every value is read and written by the
-// same thread, and each s is written only after every thread of its group has read it.
+// same thread, and each s is written only after every thread of its block has read it.
 template <typename T>
 struct MergeStateParams {
   const T* v_a;         // [seq_len, num_heads, head_dim] via a
@@ -149,6 +149,35 @@ FLASHINFER_HOST_DEVICE void merge_tile(const MergeShape& l, int64_t t, int64_t n
 inline bool vec_aligned(const void* p, int64_t stride_n, int64_t stride_h, int64_t elems, int64_t elem_bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(elems * elem_bytes) == 0 &&
          stride_n % elems == 0 && stride_h % elems == 0;
+}
+
+// MergeState's launches: one pass, or, for an in-place merge whose heads take several rounds
+// (tiles), two: the values with write_s off, then the LSEs alone, so that no tile overwrites an
+// LSE another tile has yet to read. vec: 16-byte vectors (head_dim and every v pointer and
+// stride allow them), `vecs` per thread; otherwise single elements, kMergeVecs per thread.
+// threads: the block size of the first pass (the LSE pass takes the default).
+struct MergeStatePasses {
+  bool vec = false;
+  int count = 0;  // 0: nothing to merge
+  MergeShape pass[2];
+};
+template <typename T>
+MergeStatePasses merge_state_passes(const MergeStateParams<T>& p, int vecs, int threads) {
+  MergeStatePasses r;
+  const int64_t row_heads = p.seq_len * p.num_heads;
+  if (row_heads == 0) return r;
+  constexpr int kE = 16 / static_cast<int>(sizeof(T));
+  r.vec = p.head_dim % kE == 0 && vec_aligned(p.v_a, p.a.v_n, p.a.v_h, kE, sizeof(T)) &&
+          vec_aligned(p.v_b, p.b.v_n, p.b.v_h, kE, sizeof(T)) && vec_aligned(p.v_out, p.out.v_n, p.out.v_h, kE, sizeof(T));
+  MergeShape l = merge_shape(row_heads, p.head_dim, r.vec ? kE : 1, r.vec ? vecs : kMergeVecs, threads);
+  r.pass[0] = l;
+  r.count = 1;
+  if (l.rounds > 1 && (p.s_out == p.s_a || p.s_out == p.s_b)) {
+    r.pass[0].write_s = false;
+    r.pass[1] = merge_shape(row_heads, 0, 1, kMergeVecs);  // LSEs only
+    r.count = 2;
+  }
+  return r;
 }
 
 // What the kernels assume; the binding has already produced friendlier messages.
