@@ -1,8 +1,8 @@
 // Launch arithmetic of the state-merge kernels (attention/cascade.h): replaying the kernels'
 // thread -> (row, head, vector) map on the CPU, every (row-head, vector) has exactly one
 // owner and every row-head's LSE exactly one writer, for vectorised and scalar paths and any
-// head_dim (several rounds for wide heads). Also the shape limits, the pipeline depth of
-// MergeStates, the 32-bit div_mod and validate().
+// head_dim (several rounds for wide heads). Also the shape limits, MergeState's passes, the
+// pipeline depth of MergeStates, the 32-bit div_mod and validate().
 #include <cstdint>
 #include <initializer_list>
 #include <random>
@@ -34,7 +34,6 @@ void check_coverage(int64_t seq_len, int64_t num_heads, int64_t head_dim, int ve
       merge_tile(l, tile, num_heads, &n, &h, &r);
       CHECK(n >= 0 && n < seq_len && h >= 0 && h < num_heads && r >= 0 && r < l.rounds);
       const int64_t rh = n * num_heads + h;
-      if (r == 0 && lane == 0) ++lse_writers[static_cast<size_t>(rh)];
       for (int i = 0; i < l.vecs; ++i) {
         const int j = merge_vec_index(l, lane, r, i);
         CHECK(j >= 0);
@@ -42,6 +41,19 @@ void check_coverage(int64_t seq_len, int64_t num_heads, int64_t head_dim, int ve
       }
     }
   }
+  // MergeStateKernel's LSE store: after the barrier, thread t < groups_per_block writes the
+  // LSE of its block's group t, when that group's tile is round 0 of its row-head.
+  for (int64_t b = 0; b < l.blocks; ++b) {
+    for (int t = 0; t < l.groups_per_block; ++t) {
+      const int64_t tile = b * l.groups_per_block + t;
+      if (tile >= l.tiles) continue;
+      int64_t n = -1, h = -1;
+      int r = -1;
+      merge_tile(l, tile, num_heads, &n, &h, &r);
+      if (r == 0) ++lse_writers[static_cast<size_t>(n * num_heads + h)];
+    }
+  }
+  CHECK(merge_state_smem(l) == int64_t{l.groups_per_block} * 12);  // an offset and a value per group
   bool all_once = true;
   for (int c : owners) all_once = all_once && c == 1;
   CHECK(all_once);
@@ -132,6 +144,34 @@ int main() {
       CHECK(c.stages >= 2 && c.stages <= kMergeStatesMaxStages && c.smem <= h200.smem_optin);
       CHECK(c.inflight >= kTargetInflightPerSM);
     }
+  }
+
+  // MergeState's passes: two only for an in-place merge (s_out is s_a or s_b) of heads that take
+  // several rounds; vectors only where head_dim, pointers and strides allow.
+  {
+    alignas(16) static uint16_t va[64], vb[64], vo[64];  // (2-byte elements: only sizeof(T) matters here)
+    alignas(16) static float sa[4], sb[4], so[4];
+    auto params = [&](int64_t d, bool in_place, int64_t v_h) {
+      MergeStateParams<uint16_t> p{};
+      p.v_a = va, p.v_b = vb, p.v_out = in_place ? va : vo;
+      p.s_a = sa, p.s_b = sb, p.s_out = in_place ? sa : so;
+      p.seq_len = 2, p.num_heads = 3, p.head_dim = d;
+      p.a = p.b = p.out = StateStrides{3 * v_h, v_h, 3, 1};
+      return p;
+    };
+    const MergeStatePasses one = merge_state_passes(params(128, true, 128), 1, 128);
+    CHECK(one.vec && one.count == 1 && one.pass[0].rounds == 1 && one.pass[0].write_s && one.pass[0].threads <= 128);
+    const MergeStatePasses two = merge_state_passes(params(1024, true, 1024), 1, 128);
+    CHECK(two.vec && two.count == 2 && two.pass[0].rounds == 4 && !two.pass[0].write_s);
+    CHECK(two.pass[1].head_vecs == 0 && two.pass[1].write_s && two.pass[1].tiles == 6);
+    const MergeStatePasses out = merge_state_passes(params(1024, false, 1024), 1, 128);
+    CHECK(out.count == 1 && out.pass[0].write_s);
+    const MergeStatePasses scalar = merge_state_passes(params(111, false, 111), 1, 128);
+    CHECK(!scalar.vec && scalar.count == 1 && scalar.pass[0].vecs == kMergeVecs && scalar.pass[0].rounds == 2);
+    CHECK(!merge_state_passes(params(128, false, 131), 1, 128).vec);  // a head stride of 131: no vectors
+    MergeStateParams<uint16_t> empty = params(128, false, 128);
+    empty.seq_len = 0;
+    CHECK(merge_state_passes(empty, 1, 128).count == 0);
   }
 
   // div_mod: exact, on both the 32-bit and the 64-bit branch.
