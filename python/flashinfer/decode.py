@@ -327,18 +327,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # first L - q_len + 1 + i keys) reads each request's pages once: the kernels take the
         # tokens as extra q-head columns, q_len * group of them per KV head, and find their rows
         # (b * q_len + i) of q / o / lse themselves (attention/decode.h decode_query).
-        rows_lens, rows_begins = kv_lens, indptr_h[:-1]
         heads = num_qo_heads * q_len  # the kernels' q-head columns
         if self._use_cuda_graph:
             if self._graph_q_len is not None and q_len != self._graph_q_len:
                 raise ValueError(f"q_len_per_req is fixed under CUDA graphs by the first plan ({self._graph_q_len}); "
                                  f"got {q_len}")
             self._graph_q_len = q_len
-        rows = batch
 
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
         items, merge, n_partial, any_split, _chunk, grid, stages, total_keys = _decode.plan(
-            np.ascontiguousarray(rows_lens, dtype=np.int64), np.ascontiguousarray(rows_begins, dtype=np.int64),
+            np.ascontiguousarray(kv_lens, dtype=np.int64), np.ascontiguousarray(indptr_h[:-1], dtype=np.int64),
             heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
             self.device.index or 0, not self._use_cuda_graph,
@@ -354,7 +352,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         #    resets them after use) | (page table, without CUDA graphs) | items [n,8]]
         units = num_kv_heads * _decode.sub_groups(heads // num_kv_heads, head_dim)
         parts = [np.array([items.shape[0]], np.int32), merge.reshape(-1).astype(np.int32),
-                 rows_lens.astype(np.int32), np.zeros(rows * units, np.int32)]
+                 kv_lens.astype(np.int32), np.zeros(batch * units, np.int32)]
         if not self._use_cuda_graph:
             parts += [indptr_h.astype(np.int32), indices_h.astype(np.int32), last_h.astype(np.int32)]
         parts.append(items.reshape(-1))
@@ -399,7 +397,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # persistent grid. Split requests are merged in-kernel by the CTA that finishes last.
         max_grid = 0 if self._use_cuda_graph else min(int(items.shape[0]), int(grid))
         self._runner = _decode.DecodeRunner(
-            self.device.index or 0, q_name, rows, heads, num_kv_heads, head_dim, int(page_size),
+            self.device.index or 0, q_name, batch, heads, num_kv_heads, head_dim, int(page_size),
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
             base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,

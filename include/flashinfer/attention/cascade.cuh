@@ -299,12 +299,25 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeSt
   pdl_launch_dependents();
 }
 
+// The MergeStateKernel instantiation of one pass (merge_state_passes): 16-byte vectors, l.vecs
+// of them per thread, or single elements (also the LSE-only pass, head_vecs 0).
+template <typename T>
+auto merge_state_kernel(bool vec, const MergeShape& l) -> void (*)(MergeStateParams<T>, MergeShape) {
+  constexpr int kE = 16 / sizeof(T);
+  if (!vec || l.head_vecs == 0) return MergeStateKernel<T, 1, kMergeVecs>;
+  switch (l.vecs) {
+    case 1: return MergeStateKernel<T, kE, 1>;
+    case 4: return MergeStateKernel<T, kE, 4>;
+    case 8: return MergeStateKernel<T, kE, 8>;
+    default: return MergeStateKernel<T, kE, kMergeVecs>;
+  }
+}
+
 // Launches MergeState on `stream` (current device), in the passes of merge_state_passes
 // (cascade.h).
 template <typename T>
 cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
-  constexpr int kE = 16 / sizeof(T);
   // 16-byte vectors per thread: one (H200, 8192 x 32 x 128 bf16: 56.7 us at 1, 59.4 at 2, 63.9
   // at 4, 77.7 at 8); FLASHINFER_MERGE_VECS=1|2|4|8 overrides (a tuning knob, read once).
   static const int env_vecs = [] {
@@ -324,19 +337,8 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
     const MergeShape& l = passes.pass[i];
     if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
-    const size_t smem = static_cast<size_t>(merge_state_smem(l));
-    cudaError_t err;
-    if (!passes.vec || l.head_vecs == 0) {
-      err = launch(MergeStateKernel<T, 1, kMergeVecs>, grid, block, smem, stream, p.pdl, p, l);
-    } else {
-      switch (l.vecs) {
-        case 1: err = launch(MergeStateKernel<T, kE, 1>, grid, block, smem, stream, p.pdl, p, l); break;
-        case 4: err = launch(MergeStateKernel<T, kE, 4>, grid, block, smem, stream, p.pdl, p, l); break;
-        case 8: err = launch(MergeStateKernel<T, kE, 8>, grid, block, smem, stream, p.pdl, p, l); break;
-        default: err = launch(MergeStateKernel<T, kE, kMergeVecs>, grid, block, smem, stream, p.pdl, p, l);
-      }
-    }
-    FLASHINFER_CUDA_TRY(err);
+    FLASHINFER_CUDA_TRY(launch(merge_state_kernel<T>(passes.vec, l), grid, block,
+                               static_cast<size_t>(merge_state_smem(l)), stream, p.pdl, p, l));
   }
   return cudaSuccess;
 }

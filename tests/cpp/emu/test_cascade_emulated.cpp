@@ -119,21 +119,10 @@ void run_merge_state(const StateCase& c, uint64_t seed) {
   p.seq_len = c.seq, p.num_heads = c.heads, p.head_dim = c.d;
   p.a = p.b = p.out = StateStrides{w.vn, w.vh, c.heads, 1};
   const MergeStatePasses passes = merge_state_passes(p, c.vecs, c.threads);
-  constexpr int kE = 16 / int(sizeof(T));
-  for (int i = 0; i < passes.count; ++i) {
+  for (int i = 0; i < passes.count; ++i) {  // as MergeState launches them
     const MergeShape& l = passes.pass[i];
-    const unsigned grid = unsigned(l.blocks), threads = unsigned(l.threads);
-    const size_t smem = size_t(merge_state_smem(l));
-    if (!passes.vec || l.head_vecs == 0)
-      emu::launch(MergeStateKernel<T, 1, kMergeVecs>, grid, threads, smem, p, l);
-    else if (l.vecs == 1)
-      emu::launch(MergeStateKernel<T, kE, 1>, grid, threads, smem, p, l);
-    else if (l.vecs == 4)
-      emu::launch(MergeStateKernel<T, kE, 4>, grid, threads, smem, p, l);
-    else if (l.vecs == 8)
-      emu::launch(MergeStateKernel<T, kE, 8>, grid, threads, smem, p, l);
-    else
-      emu::launch(MergeStateKernel<T, kE, kMergeVecs>, grid, threads, smem, p, l);
+    emu::launch(merge_state_kernel<T>(passes.vec, l), unsigned(l.blocks), unsigned(l.threads),
+                size_t(merge_state_smem(l)), p, l);
   }
 
   bool bad = false;
