@@ -41,9 +41,10 @@ template <typename T, int kE>
 struct Pack {
   static_assert(kE == 8 && sizeof(T) == 2, "Pack holds 16-byte vectors of 16-bit values, or one element");
   uint4 u;
-  // ld.global.cs (evict-first). H200, merge_state 8192 x 32 x 128 bf16 at 256 threads: 57.6 us,
-  // a plain ld.global 58.5, ld.global.nc.L1::no_allocate 57.6.
-  FLASHINFER_DEVICE void load_stream(const T* p) { u = __ldcs(reinterpret_cast<const uint4*>(p)); }
+  // A plain ld.global. H200, merge_state 8192 / 16384 x 32 x 128 bf16 at 32 registers (one
+  // run, us): plain 54.3 / 100.8, .cs 54.9 / 103.4, .cg 54.5 / 100.9, .nc 54.4 / 100.8,
+  // .nc.L1::no_allocate 54.9 / 103.5. (At 40 registers, session 7, .cs had been ahead.)
+  FLASHINFER_DEVICE void load(const T* p) { u = *reinterpret_cast<const uint4*>(p); }
   // A plain (weak) 16-byte store in PTX: NVVM splits a C++ uint4 store of this reassembled
   // value into four 4-byte ones, and __stwb becomes a strong store.
   FLASHINFER_DEVICE void store(T* p) const {
@@ -68,7 +69,7 @@ struct Pack {
 template <typename T>
 struct Pack<T, 1> {
   T x;
-  FLASHINFER_DEVICE void load_stream(const T* p) { x = *p; }
+  FLASHINFER_DEVICE void load(const T* p) { x = *p; }
   FLASHINFER_DEVICE void store(T* p) const { *p = x; }
   FLASHINFER_DEVICE void to_float(float* f) const { f[0] = flashinfer::to_float(x); }
   FLASHINFER_DEVICE void from_float(const float* f) { x = flashinfer::from_float<T>(f[0]); }
@@ -96,8 +97,14 @@ FLASHINFER_DEVICE Pack<T, kE> weighted_sum(float wa, const Pack<T, kE>& a, float
 // as one coalesced store instead of one 4-byte store per group (whose four pieces of a 32-byte
 // sector came from four warps). H200, bf16, an equivalent kernel in one A/B run: 8192 x 32 x
 // 128 56.9 -> 55.9 us, 16384 x 32 x 128 107.9 -> 105.6 (without any LSE store: 54.2 / 101.8).
+// One vector per thread fits 32 registers, so 16 blocks of 128 threads (the whole SM) are
+// resident: 8192 / 16384 x 32 x 128 57.3 / 108.3 -> 54.9 / 103.4 us against 37 registers (12
+// blocks). Each block is one round trip to DRAM; more of them in flight is what pays. More work
+// per thread does not: two or four tiles per group (40 / 64 registers) took 62.9 / 75.7 us,
+// one persistent block per slot 59.3, 64- and 32-thread blocks (twice / four times the blocks)
+// 85 / 163 (the block scheduler's rate), 256 threads 55.0-55.4 (session 15).
 template <typename T, int kE, int kVecs>
-__global__ void __launch_bounds__(kMergeStateMaxThreads, kVecs <= 2 ? 3 : (kVecs == 4 ? 2 : 1))
+__global__ void __launch_bounds__(kMergeStateMaxThreads, kVecs == 1 ? 4 : (kVecs <= 2 ? 3 : (kVecs == 4 ? 2 : 1)))
     MergeStateKernel(const MergeStateParams<T> p, const MergeShape l) {
   using V = detail::Pack<T, kE>;
   FLASHINFER_EXTERN_SHARED int64_t lse_at[];  // [groups_per_block] offsets into s_out (-1: none)
@@ -120,8 +127,8 @@ __global__ void __launch_bounds__(kMergeStateMaxThreads, kVecs <= 2 ? 3 : (kVecs
       for (int i = 0; i < kVecs; ++i) {
         const int j = merge_vec_index(l, lane, r, i);
         if (j < l.head_vecs) {
-          a[i].load_stream(va + j * kE);
-          b[i].load_stream(vb + j * kE);
+          a[i].load(va + j * kE);
+          b[i].load(vb + j * kE);
         }
       }
       const float sa = p.s_a[n * p.a.s_n + h * p.a.s_h];
@@ -261,7 +268,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeSt
           FLASHINFER_UNROLL
           for (int i = 0; i < kVecs; ++i) {
             const int j = merge_vec_index(l, lane, r, i);
-            if (j < l.head_vecs) x[u][i].load_stream(vk + j * kE);
+            if (j < l.head_vecs) x[u][i].load(vk + j * kE);
           }
         }
       }
@@ -318,15 +325,16 @@ auto merge_state_kernel(bool vec, const MergeShape& l) -> void (*)(MergeStatePar
 template <typename T>
 cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
-  // 16-byte vectors per thread: one (H200, 8192 x 32 x 128 bf16: 56.7 us at 1, 59.4 at 2, 63.9
-  // at 4, 77.7 at 8); FLASHINFER_MERGE_VECS=1|2|4|8 overrides (a tuning knob, read once).
+  // 16-byte vectors per thread: one (H200, 8192 x 32 x 128 bf16, session 4: 56.7 us at 1, 59.4
+  // at 2, 63.9 at 4, 77.7 at 8); FLASHINFER_MERGE_VECS=1|2|4|8 overrides (a tuning knob, read once).
   static const int env_vecs = [] {
     const char* e = std::getenv("FLASHINFER_MERGE_VECS");
     const int v = e ? std::atoi(e) : 0;
     return v == 1 || v == 2 || v == 4 || v == 8 ? v : 1;
   }();
   // Block size: FLASHINFER_MERGE_THREADS=128|256|512 (a tuning knob, read once). H200, 8192 x
-  // 32 x 128 bf16 (us): 128 / 256 / 512 threads 56.5 / 57.6 / 59.1.
+  // 32 x 128 bf16 (us): 128 / 256 / 512 threads 56.5 / 57.6 / 59.1 (session 7), 54.4 / 55.2 /
+  // 56.3 at 32 registers (session 15).
   static const int env_threads = [] {
     const char* e = std::getenv("FLASHINFER_MERGE_THREADS");
     const int v = e ? std::atoi(e) : 0;
