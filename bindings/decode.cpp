@@ -106,8 +106,12 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     const DecodePlanConfig c = at_depth(kDecodeDeepStages);
     return {plan_decode(lens, c, begins), kDecodeDeepStages, int64_t{c.num_sms} * c.ctas_per_sm};
   }
-  if (min_chunk_knob() <= 0)
-    cfg.min_chunk = decode_min_chunk(tc, head_dim, kv == KVCache::kSameAsQ ? 2 : 1, cfg.min_chunk);
+  if (min_chunk_knob() <= 0) {
+    int64_t keys = 0;
+    for (int64_t len : lens) keys += len;
+    cfg.min_chunk = decode_min_chunk(tc, head_dim, kv == KVCache::kSameAsQ ? 2 : 1, cfg.min_chunk,
+                                     keys * cfg.num_kv_heads, int64_t{cfg.num_sms} * cfg.ctas_per_sm);
+  }
   ShapedPlan out{plan_decode(lens, cfg, begins), 0, int64_t{cfg.num_sms} * cfg.ctas_per_sm};
   if (!shaped || !allow_wide || !wide_on) return out;
   const DecodePlanConfig w = at_depth(kDecodeWideStages);

@@ -129,6 +129,15 @@ static void check_tc_min_chunk() {
   CHECK(decode_min_chunk(false, 128, 2, 128) == kDecodeCcMinChunk);
   CHECK(decode_min_chunk(false, 256, 2, 128) == kDecodeCcMinChunk);
   CHECK(decode_min_chunk(false, 128, 1, 128) == 128);  // fp8 on CUDA cores keeps the default
+  // The CUDA-core floor is capped at the keys of half the slots each (rounded up to the chunk
+  // alignment), never below the default; tensor-core floors are not capped.
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{4096} * 8, 528) == 128);     // 1 x 4096: 125 -> 128
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{16384} * 8, 528) == 512);    // 1 x 16384: 497 -> 512
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{32768} * 8, 528) == 1024);   // 1 x 32768: 993 -> 1024
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{16384} * 8, 264) == 1024);   // 993 -> 1024
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{65536} * 8, 528) == kDecodeCcMinChunk);
+  CHECK(decode_min_chunk(false, 128, 2, 256, int64_t{4096} * 8, 528) == 256);
+  CHECK(decode_min_chunk(true, 128, 1, 128, int64_t{4096} * 8, 264) == 1024);
   DecodePlanConfig cfg;
   cfg.num_sms = 132, cfg.ctas_per_sm = 4, cfg.num_kv_heads = 8, cfg.group_size = 4, cfg.page_size = 16;
   cfg.min_chunk = decode_tc_min_chunk(128, 1);
