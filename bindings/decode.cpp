@@ -110,7 +110,7 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     int64_t keys = 0;
     for (int64_t len : lens) keys += len;
     cfg.min_chunk = decode_min_chunk(tc, head_dim, kv == KVCache::kSameAsQ ? 2 : 1, cfg.min_chunk,
-                                     keys * cfg.num_kv_heads, int64_t{cfg.num_sms} * cfg.ctas_per_sm);
+                                     keys * cfg.num_kv_heads, cfg.num_sms);
   }
   ShapedPlan out{plan_decode(lens, cfg, begins), 0, int64_t{cfg.num_sms} * cfg.ctas_per_sm};
   if (!shaped || !allow_wide || !wide_on) return out;

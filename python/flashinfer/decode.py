@@ -4,7 +4,8 @@ window, LSE output and split-KV planned on the host.
 
 What is checked: every argument's dtype, shape, layout and device at call time; the page
 table (indptr, indices, last_page_len, seq_lens) on the host in ``plan`` (indptr starts at
-0, is nondecreasing and ends at len(indices); 1 <= last_page_len <= page_size for non-empty
+0, is nondecreasing and ends at len(indices), or under CUDA graphs at most there: the rest of
+an engine's fixed-size indices buffer is ignored; 1 <= last_page_len <= page_size for non-empty
 requests; indices >= 0, and at ``run`` the largest planned page index is compared with the
 cache's page count). The kernels read only the planned page table, so nothing is read out
 of bounds for a page table that passed ``plan``.
@@ -88,8 +89,11 @@ def _host_ints(x: Any, name: str) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-def _check_page_table(indptr: np.ndarray, indices: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
-    """Validates the CSR page table; returns each request's KV length."""
+def _check_page_table(indptr: np.ndarray, indices: np.ndarray, last_page_len: np.ndarray, page_size: int,
+                      allow_tail: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """Validates the CSR page table; returns each request's KV length and the indices in use.
+    allow_tail (CUDA-graph plans): indices may run past indptr[-1], as when an engine passes the
+    whole fixed-size indices buffer (SGLang does); only indices[:indptr[-1]] are checked and used."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1; got {page_size}")
     if indptr.size < 1:
@@ -100,7 +104,11 @@ def _check_page_table(indptr: np.ndarray, indices: np.ndarray, last_page_len: np
     if np.any(np.diff(indptr) < 0):
         i = int(np.argmax(np.diff(indptr) < 0))
         raise ValueError(f"indptr must be nondecreasing; indptr[{i}]={indptr[i]} > indptr[{i + 1}]={indptr[i + 1]}")
-    if indptr[-1] != indices.size:
+    if allow_tail:
+        if indptr[-1] > indices.size:
+            raise ValueError(f"indptr[-1] ({indptr[-1]}) must be <= len(indices) ({indices.size})")
+        indices = indices[:indptr[-1]]
+    elif indptr[-1] != indices.size:
         raise ValueError(f"indptr[-1] ({indptr[-1]}) must equal len(indices) ({indices.size})")
     if last_page_len.size != batch:
         raise ValueError(f"last_page_len must have batch_size ({batch}) entries; got {last_page_len.size}")
@@ -117,7 +125,7 @@ def _check_page_table(indptr: np.ndarray, indices: np.ndarray, last_page_len: np
     if np.any(bad):
         b = int(np.argmax(bad))
         raise ValueError(f"last_page_len[{b}] of an empty request must be in [0, page_size]; got {last_page_len[b]}")
-    return np.where(nonempty, (pages - 1) * page_size + last_page_len, 0)
+    return np.where(nonempty, (pages - 1) * page_size + last_page_len, 0), indices
 
 
 def _torch():
@@ -297,7 +305,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         indptr_h = _host_ints(indptr, "indptr")
         indices_h = _host_ints(indices, "indices")
         last_h = _host_ints(last_page_len, "last_page_len")
-        kv_lens = _check_page_table(indptr_h, indices_h, last_h, int(page_size))
+        kv_lens, indices_h = _check_page_table(indptr_h, indices_h, last_h, int(page_size),
+                                               allow_tail=self._use_cuda_graph)
         batch = indptr_h.size - 1
         seq_h = None
         if seq_lens is not None:

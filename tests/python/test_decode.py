@@ -844,14 +844,20 @@ def test_cuda_graph_replan_and_replay(use_tc, hq, hkv, d):
     out = torch.empty_like(q)
     lse = torch.empty(batch, hq, dtype=torch.float32, device=CUDA)
 
-    def plan(lens):
+    def plan(lens, whole_buffer=False):
         n = [(l + ps - 1) // ps for l in lens]
         indptr = [0]
         for x in n:
             indptr.append(indptr[-1] + x)
         indices = torch.randperm(max_pages)[:indptr[-1]].tolist()
         last = [0 if x == 0 else l - (x - 1) * ps for l, x in zip(lens, n)]
-        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16)
+        if whole_buffer:  # as SGLang does: write the page ids into the graph's buffer, pass all of it
+            indices_buf.fill_(-7)
+            indices_buf[:len(indices)].copy_(torch.tensor(indices, dtype=torch.int32))
+            w.plan(torch.tensor(indptr, dtype=torch.int32, device=CUDA), indices_buf,
+                   torch.tensor(last, dtype=torch.int32, device=CUDA), hq, hkv, d, ps, q_data_type=torch.float16)
+        else:
+            w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16)
         return indptr, indices, last
 
     meta = plan([100] * batch)  # short: no split at capture time
@@ -863,8 +869,9 @@ def test_cuda_graph_replan_and_replay(use_tc, hq, hkv, d):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         w.run(q, (k, v), out=out, lse=lse)
-    for lens in ([100] * batch, [30000, 1, 0, 4000, 17, 16, 8000], [5, 6, 7, 8, 9, 10, 11]):
-        meta = plan(lens)
+    for lens, whole in (([100] * batch, False), ([30000, 1, 0, 4000, 17, 16, 8000], False),
+                        ([5, 6, 7, 8, 9, 10, 11], False), ([2000, 0, 300, 4096, 1, 64, 900], True)):
+        meta = plan(lens, whole)
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()

@@ -225,24 +225,24 @@ inline int64_t decode_tc_min_chunk(int head_dim, int kv_elem_bytes) {
 // keys): bf16 head_dim 128 1 x 32768 61.1 -> 58.5, single decode 32768 61.9 -> 57.8, 24 x 4096
 // 144.5 -> 128.9, 8 x 4096 58.0 -> 57.2; head_dim 256 1 x 32768 105.2 -> 100.8; head_dim 64
 // 42.3 -> 40.8; 16 x 4096, 64 x 2048 and 4 x 16384 within 1%. At 512 keys no plan moved. An e4m3
-// cache lost at 1024 (1 x 32768 47.4 -> 52.1). The floor is capped at the work's share of half
-// the CTA slots (decode_min_chunk). Uncapped, small work left slots idle: bf16 at 4 CTAs per SM
-// (528 slots), us, uncapped -> capped: 1 x 4096 43.8 -> 19.2, single decode 4096 39.2 -> 20.2,
-// 4 x 4096 45.7 -> 37.5, 1 x 16384 46.1 -> 39.2, 16 x 1024 43.3 -> 37.9. The cap at the share
-// of all slots (chunks half as long) measured 1-2 us slower at 1 x 16384, 2 x 8192, 4 x 4096 and
-// 1 x 32768 (session 15).
+// cache lost at 1024 (1 x 32768 47.4 -> 52.1). The floor is capped at the keys of two items per
+// SM (decode_min_chunk). Uncapped, small work left SMs idle: bf16 at 4 CTAs per SM (528 slots),
+// us, uncapped -> capped: 1 x 4096 43.8 -> 19.2, single decode 4096 39.2 -> 20.2, 4 x 4096 45.7
+// -> 37.5, 1 x 16384 46.1 -> 39.2, 16 x 1024 43.3 -> 37.9. A cap at four items per SM (every
+// slot; chunks half as long) measured 1-2 us slower at 1 x 16384, 2 x 8192, 4 x 4096 and 1 x
+// 32768, and one item per SM (the 1024-key floor at 1 x 16384) 7 us slower (session 15).
 constexpr int64_t kDecodeCcMinChunk = 1024;
 
 // The planner's min_chunk for a decode launch (beyond the tensor-core deep plans, which keep
 // the default): the kernel's floor above, never below `dflt`. work_keys (sum of kv_lens x KV
-// heads) and slots (CTAs the plan is for), when given, cap the CUDA-core floor at the keys of
-// half the slots each (rounded up to kDecodeChunkAlign), so small work still reaches every SM.
+// heads) and num_sms, when given, cap the CUDA-core floor at the keys of two items per SM
+// (rounded up to kDecodeChunkAlign), so small work still reaches every SM.
 inline int64_t decode_min_chunk(bool tensor_cores, int head_dim, int kv_elem_bytes, int64_t dflt,
-                                int64_t work_keys = 0, int64_t slots = 0) {
+                                int64_t work_keys = 0, int num_sms = 0) {
   int64_t floor = tensor_cores ? decode_tc_min_chunk(head_dim, kv_elem_bytes)
                                : (kv_elem_bytes >= 2 ? kDecodeCcMinChunk : dflt);
-  if (!tensor_cores && work_keys > 0 && slots > 0)
-    floor = std::min(floor, round_up<int64_t>(ceil_div<int64_t>(2 * work_keys, slots), kDecodeChunkAlign));
+  if (!tensor_cores && work_keys > 0 && num_sms > 0)
+    floor = std::min(floor, round_up<int64_t>(ceil_div<int64_t>(work_keys, int64_t{2} * num_sms), kDecodeChunkAlign));
   return std::max(floor, dflt);
 }
 

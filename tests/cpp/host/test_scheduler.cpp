@@ -129,15 +129,15 @@ static void check_tc_min_chunk() {
   CHECK(decode_min_chunk(false, 128, 2, 128) == kDecodeCcMinChunk);
   CHECK(decode_min_chunk(false, 256, 2, 128) == kDecodeCcMinChunk);
   CHECK(decode_min_chunk(false, 128, 1, 128) == 128);  // fp8 on CUDA cores keeps the default
-  // The CUDA-core floor is capped at the keys of half the slots each (rounded up to the chunk
+  // The CUDA-core floor is capped at the keys of two items per SM (rounded up to the chunk
   // alignment), never below the default; tensor-core floors are not capped.
-  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{4096} * 8, 528) == 128);     // 1 x 4096: 125 -> 128
-  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{16384} * 8, 528) == 512);    // 1 x 16384: 497 -> 512
-  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{32768} * 8, 528) == 1024);   // 1 x 32768: 993 -> 1024
-  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{16384} * 8, 264) == 1024);   // 993 -> 1024
-  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{65536} * 8, 528) == kDecodeCcMinChunk);
-  CHECK(decode_min_chunk(false, 128, 2, 256, int64_t{4096} * 8, 528) == 256);
-  CHECK(decode_min_chunk(true, 128, 1, 128, int64_t{4096} * 8, 264) == 1024);
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{4096} * 8, 132) == 128);     // 1 x 4096: 125 -> 128
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{16384} * 8, 132) == 512);    // 1 x 16384: 497 -> 512
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{32768} * 8, 132) == 1024);   // 1 x 32768: 993 -> 1024
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{16384} * 8, 66) == 1024);    // 993 -> 1024
+  CHECK(decode_min_chunk(false, 128, 2, 128, int64_t{65536} * 8, 132) == kDecodeCcMinChunk);
+  CHECK(decode_min_chunk(false, 128, 2, 256, int64_t{4096} * 8, 132) == 256);
+  CHECK(decode_min_chunk(true, 128, 1, 128, int64_t{4096} * 8, 132) == 1024);
   DecodePlanConfig cfg;
   cfg.num_sms = 132, cfg.ctas_per_sm = 4, cfg.num_kv_heads = 8, cfg.group_size = 4, cfg.page_size = 16;
   cfg.min_chunk = decode_tc_min_chunk(128, 1);
@@ -157,9 +157,33 @@ static void check_tc_min_chunk() {
   CHECK(plan_decode({32768}, cfg).chunk_tokens == 1024);  // 256 items of 1024 keys, not 512 of 512
 }
 
+// The capped CUDA-core floor never leaves SMs idle that the default floor would have used: a
+// plan with it has at least min(num_sms, items at the default) work items, at any CTAs per SM.
+// (Uncapped, 1 x 4096 got 32 items for 132 SMs and ran 2.3x slower.)
+static void check_cc_floor_reaches_sms() {
+  const std::vector<std::vector<int64_t>> batches = {
+      {4096}, {16384}, {32768}, {8192, 8192}, {4096, 4096, 4096, 4096}, std::vector<int64_t>(16, 1024),
+      std::vector<int64_t>(8, 4096), {100000}, {777, 5000, 12000}, std::vector<int64_t>(64, 2048)};
+  for (int num_sms : {132, 78, 16})
+    for (int ctas : {2, 3, 4})
+      for (int kv_heads : {1, 8})
+        for (const auto& lens : batches) {
+          DecodePlanConfig c;
+          c.num_sms = num_sms, c.ctas_per_sm = ctas, c.num_kv_heads = kv_heads, c.group_size = 4, c.page_size = 16;
+          const int64_t dflt_items = static_cast<int64_t>(plan_decode(lens, c, {}).items.size());
+          int64_t keys = 0;
+          for (int64_t len : lens) keys += len;
+          c.min_chunk = decode_min_chunk(false, 128, 2, c.min_chunk, keys * kv_heads, num_sms);
+          CHECK(c.min_chunk >= 128 && c.min_chunk <= kDecodeCcMinChunk);
+          const int64_t items = static_cast<int64_t>(plan_decode(lens, c, {}).items.size());
+          CHECK(items >= std::min<int64_t>(num_sms, dflt_items));
+        }
+}
+
 int main() {
   check_decode_query();
   check_tc_min_chunk();
+  check_cc_floor_reaches_sms();
   std::mt19937 rng(5);
   // The run sort (radix for long lists, std::sort for short): a permutation, longest first.
   for (int it = 0; it < 300; ++it) {
