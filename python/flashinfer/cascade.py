@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import _cascade
-from ._ext import framework_of, to_dlpack
+from ._ext import ArgumentError, framework_of, to_dlpack
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
@@ -74,7 +74,7 @@ def merge_states(v: Any, s: Any) -> Tuple[Any, Any]:
     fw = framework_of(v, "v")
     shape = v.shape
     if len(shape) != 4:
-        raise ValueError(f"merge_states: v must be 4-D [seq_len, num_states, num_heads, head_dim]; got a "
+        raise ArgumentError(f"merge_states: v must be 4-D [seq_len, num_states, num_heads, head_dim]; got a "
                          f"{len(shape)}-D tensor of shape {tuple(shape)}")
     s = _f32(s, "s")
     v_merged = fw.empty((shape[0], shape[2], shape[3]), v)

@@ -134,6 +134,14 @@ def _torch():
     return torch
 
 
+def _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+                  head_dim) -> Tuple:
+    """The options forward() may change, as the kernels see them (defaults filled in)."""
+    return (_pos_code(pos_encoding_mode), -1 if window_left is None else int(window_left), _soft_cap(logits_soft_cap),
+            1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
+            1.0 if rope_scale is None else float(rope_scale), 1e4 if rope_theta is None else float(rope_theta))
+
+
 def _soft_cap(logits_soft_cap: Any) -> float:
     """logits_soft_cap as the kernels take it: a finite cap > 0, or 0.0 for off (None / 0)."""
     if not logits_soft_cap:
@@ -434,6 +442,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._o_cast = self._cached_o_data_type if o_name != q_name else None
         self._page_size = int(page_size)
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+        self._plan_opts = _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                                        rope_theta, head_dim)
         self._plan_kwargs = dict(q_data_type=q_name, kv_data_type=kv_name, o_data_type=o_name,
                                  non_blocking=non_blocking, block_tables=block_tables, seq_lens=seq_lens,
                                  fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
@@ -557,12 +567,20 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
 
     def _replan(self, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta):
+        """forward()'s options take effect as in FlashInfer, where they are run-time attributes:
+        the current plan stands when they equal its own; otherwise the same page table is planned
+        again with them (by this class's plan, also where an engine replaced ``wrapper.plan``,
+        e.g. with fast_decode_plan). The plan's other options (seq_lens, splits, dtypes) stay."""
         if self._runner is None:
             raise RuntimeError("call plan() (begin_forward) first")
-        # the plan's other options (seq_lens, splits, dtypes) stay; only forward()'s are replaced
-        self.plan(*self._plan_args, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-                  **self._plan_kwargs)
+        opts = _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+                             self._plan_args[5])
+        if opts == self._plan_opts:
+            return
+        BatchDecodeWithPagedKVCacheWrapper.plan(
+            self, *self._plan_args, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+            **self._plan_kwargs)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

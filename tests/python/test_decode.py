@@ -1014,6 +1014,29 @@ def test_forward_keeps_the_plans_other_options():
         assert_attention_close(got[b], ro, f"o[{b}]")
 
 
+def test_forward_with_an_engines_plan_and_changed_options():
+    """forward() with the plan's own options runs the plan as it is; with other options it plans
+    again by the class's plan, also where an engine bound fast_decode_plan as wrapper.plan (which
+    takes no seq_lens / o_data_type keywords)."""
+    import types
+
+    lens, hq, hkv, d = [40, 300], 8, 2, 128
+    cache, k, v, indptr, indices, last = make_cache(lens, 16, hkv, d, torch.float16, "NHD")
+    q = torch.randn(2, hq, d, dtype=torch.float16, device=CUDA)
+    w = _wrapper()
+    w.plan = types.MethodType(flashinfer.decode.fast_decode_plan, w)
+    w.plan(indptr, indices, last, hq, hkv, d, 16, q_data_type=torch.float16)
+    runner = w._runner
+    got = w.forward(q, cache)
+    assert w._runner is runner  # same options: no re-plan
+    check_batch(got, None, q, (k, v, indptr, indices, last), "NHD")
+    capped = w.forward(q, cache, logits_soft_cap=5.0)
+    assert w._runner is not runner
+    ref = _wrapper()
+    ref.plan(indptr, indices, last, hq, hkv, d, 16, q_data_type=torch.float16, logits_soft_cap=5.0)
+    torch.testing.assert_close(capped, ref.run(q, cache), rtol=0, atol=0)
+
+
 def test_out_on_another_device_is_named():
     w = _wrapper()
     w.plan([0, 1], [0], [1], 8, 8, 128, 16, q_data_type=torch.float16)
