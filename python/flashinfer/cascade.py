@@ -75,7 +75,7 @@ def merge_states(v: Any, s: Any) -> Tuple[Any, Any]:
     shape = v.shape
     if len(shape) != 4:
         raise ArgumentError(f"merge_states: v must be 4-D [seq_len, num_states, num_heads, head_dim]; got a "
-                         f"{len(shape)}-D tensor of shape {tuple(shape)}")
+                            f"{len(shape)}-D tensor of shape {tuple(shape)}")
     s = _f32(s, "s")
     v_merged = fw.empty((shape[0], shape[2], shape[3]), v)
     s_merged = fw.empty_f32((shape[0], shape[2]), v)

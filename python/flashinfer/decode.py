@@ -304,11 +304,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         kv_code = _KV_FP8_CODES.get(kv_name, 0)
         if kv_code == 0 and kv_name != q_name:
             raise NotImplementedError(f"kv_data_type must equal q_data_type or be fp8 (got q={q_name}, kv={kv_name})")
-        window_left = -1 if window_left is None else int(window_left)
-        soft_cap = _soft_cap(logits_soft_cap)
-        sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-        rope_scale = 1.0 if rope_scale is None else float(rope_scale)
-        rope_theta = 1e4 if rope_theta is None else float(rope_theta)
+        plan_opts = _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+                                  head_dim)
+        _, window_left, soft_cap, sm_scale, rope_scale, rope_theta = plan_opts
 
         indptr_h = _host_ints(indptr, "indptr")
         indices_h = _host_ints(indices, "indices")
@@ -442,8 +440,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._o_cast = self._cached_o_data_type if o_name != q_name else None
         self._page_size = int(page_size)
         self._plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
-        self._plan_opts = _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
-                                        rope_theta, head_dim)
+        self._plan_opts = plan_opts
         self._plan_kwargs = dict(q_data_type=q_name, kv_data_type=kv_name, o_data_type=o_name,
                                  non_blocking=non_blocking, block_tables=block_tables, seq_lens=seq_lens,
                                  fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
