@@ -571,7 +571,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if self._runner is None:
             raise RuntimeError("call plan() (begin_forward) first")
         opts = _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
-                             self._plan_args[5])
+                             self._head_dim)
         if opts == self._plan_opts:
             return
         BatchDecodeWithPagedKVCacheWrapper.plan(

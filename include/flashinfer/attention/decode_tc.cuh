@@ -9,11 +9,12 @@
 //    bytes so ldmatrix reads stay conflict-free without a swizzle. 16x fewer copy instructions,
 //    but cp.async.bulk takes warp-uniform operands: each warp's 32 row copies run as a loop.
 //  - boxes (sm_90+, tensor maps): one lane per warp moves its page's part of the tile (128-byte
-//    box rows: 64 dims of fp16 / bf16 or 128 of fp8, x page_size keys per box, 128-byte swizzled) with cp.async.bulk.tensor: 16 copies per tile
-//    at page size 16. A paged cache needs tiles that start on a page (the planner aligns chunks
-//    to kTcTile keys; no sliding window) and page sizes 16/32/64 or multiples of 64; a
-//    contiguous one is a single page (one 64-key box per tile and half, from any key). Boxes
-//    copy whole pages, so V rows past the request's end are zeroed after they land.
+//    box rows: 64 dims of fp16 / bf16 or 128 of fp8, x page_size keys per box, 128-byte
+//    swizzled) with cp.async.bulk.tensor: 16 copies per tile at page size 16. A paged cache
+//    needs tiles that start on a page (the planner aligns chunks to kTcTile keys; no sliding
+//    window) and page sizes 16/32/64 or multiples of 64; a contiguous one is a single page (one
+//    64-key box per tile and half, from any key). Boxes copy whole pages, so V rows past the
+//    request's end are zeroed after they land.
 // fp8 caches (TKV = __nv_fp8_e4m3 / __nv_fp8_e5m2; head_dim 128, boxes or cp.async): rows of 128
 // bytes, read with the same b16 ldmatrix as 2-byte elements, so a register holds four fp8
 // features (trans: two features of two keys). The features become T exactly (fp8 -> fp16 ->
