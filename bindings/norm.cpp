@@ -273,7 +273,7 @@ void set_tuning(const std::string& variant, int vecs_per_thread, int rows_per_bl
     fb::fail("_set_tuning: vecs_per_thread must be 0 (auto), 1, 2, 4 or 8; got " + std::to_string(vecs_per_thread));
   if (!fn::valid_tuning_count(rows_per_block, 4))
     fb::fail("_set_tuning: rows_per_block must be 0 (auto), 1, 2 or 4; got " + std::to_string(rows_per_block));
-  if (!fn::parse_norm_load(load.c_str(), &t.load)) fb::fail("_set_tuning: load must be 'cs' or 'na'; got '" + load + "'");
+  if (!fn::parse_norm_load(load.c_str(), &t.load)) fb::fail("_set_tuning: load must be 'plain' or 'na'; got '" + load + "'");
   t.vecs_per_thread = vecs_per_thread;
   t.rows_per_block = rows_per_block;
   fn::norm_tuning() = t;
@@ -283,7 +283,7 @@ nb::tuple get_tuning() {
   namespace fn = flashinfer::norm;
   const fn::NormTuning& t = fn::norm_tuning();
   const char* v = t.variant == fn::NormVariant::kRows ? "rows" : t.variant == fn::NormVariant::kPipe ? "pipe" : "auto";
-  return nb::make_tuple(v, t.vecs_per_thread, t.rows_per_block, t.load == fn::NormLoad::kNoAllocate ? "na" : "cs");
+  return nb::make_tuple(v, t.vecs_per_thread, t.rows_per_block, t.load == fn::NormLoad::kNoAllocate ? "na" : "plain");
 }
 
 }  // namespace
@@ -334,6 +334,6 @@ NB_MODULE(_norm, m) {
   m.def("layernorm_quant", &layernorm_quant, "out"_a, "input"_a, "gemma"_a, "beta"_a, "scale_tensor"_a.none(),
         "scale"_a, "eps"_a, "fp8"_a, "stream"_a);
   m.def("supported_dtypes", &fb::supported_dtypes);
-  m.def("_set_tuning", &set_tuning, "variant"_a, "vecs_per_thread"_a = 0, "rows_per_block"_a = 0, "load"_a = "cs");
+  m.def("_set_tuning", &set_tuning, "variant"_a, "vecs_per_thread"_a = 0, "rows_per_block"_a = 0, "load"_a = "plain");
   m.def("_tuning", &get_tuning);
 }

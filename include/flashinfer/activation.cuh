@@ -37,7 +37,7 @@ FLASHINFER_DEVICE void act_and_mul_store(const Vec<T, kVec>& a, const Vec<T, kVe
   for (int e = 0; e < kVec; ++e) fa[e] = act<kKind>(fa[e]) * fb[e];
   Vec<T, kVec> o;
   o.from_float(fa);
-  o.store_stream(out);
+  o.store128(out);
 }
 
 // Hides a 16-byte vector's value from the optimizer (an empty volatile asm that "modifies"
@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(kActFlatMaxThreads, act_flat_min_blocks(kU))
     for (int u = 0; u < kU; ++u) {
       const int64_t j = j0 + int64_t{u} * nt;
       if (j < nvec) {
-        a[u].load_stream(x1 + j * kVec);
-        b[u].load_stream(x1 + p.hidden + j * kVec);
+        a[u].load128(x1 + j * kVec);
+        b[u].load128(x1 + p.hidden + j * kVec);
       }
     }
     FLASHINFER_UNROLL

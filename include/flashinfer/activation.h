@@ -57,7 +57,8 @@ inline int64_t act_stage_bytes(const ActShape& l) { return int64_t{2} * kActUnro
 // --- flat: the default kernel for vectorised rows ----------------------------------------
 // Not persistent: a grid of (rows, column chunks); each thread loads `unroll` 16-byte vectors
 // of the gate half and of the up half (2 * unroll loads in flight) before any math, then
-// stores with evict-first. Chunks are balanced so the last one is not mostly idle.
+// stores. No cache hints: evict-first (.cs) measured 7% slower (NOTES.md, session 16). Chunks
+// are balanced so the last one is not mostly idle.
 constexpr int kActFlatMaxThreads = 256;
 constexpr int kActFlatDefaultUnroll = 4;
 

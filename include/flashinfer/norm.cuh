@@ -42,13 +42,13 @@ FLASHINFER_DEVICE void opaque(Vec<T, N>& v) {
   asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
 }
 
-// A 16-byte vector of a streamed row: ld.global.cs (evict-first), or
-// ld.global.L1::no_allocate.L2::256B (skip L1, fetch 256-byte L2 blocks).
+// A 16-byte vector of a streamed row: plain, or ld.global.L1::no_allocate.L2::256B (skip L1,
+// fetch 256-byte L2 blocks).
 template <NormLoad kLoad, typename T, int N>
 FLASHINFER_DEVICE void load_row_vec(Vec<T, N>& v, const T* p) {
   static_assert(Vec<T, N>::kIs16B, "row vectors are 16 bytes");
-  if constexpr (kLoad == NormLoad::kStream) {
-    v.load_stream(p);
+  if constexpr (kLoad == NormLoad::kPlain) {
+    v.load128(p);
   } else {
     uint4 u;
     asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -131,11 +131,11 @@ FLASHINFER_DEVICE void normalize_row(const NormParams<T, WT>& p, int64_t row, bo
     if constexpr (kFused) {
       Vec<T, kE> r;
       r.from_float(f);
-      r.store_stream(res + j * kE);
+      r.store128(res + j * kE);
     }
     Vec<T, kE> o;
     o.from_float(y);
-    o.store_stream(out + j * kE);
+    o.store128(out + j * kE);
   }
 }
 
@@ -158,8 +158,8 @@ __global__ void NormWarpKernel(const NormParams<T, WT> p) {
     for (int i = 0; i < kVecs; ++i) {
       const int64_t j = int64_t{i} * 32 + lane;
       if (row_ok && j < nvec) {
-        xv[i].load_stream(p.input + p.in_rows.offset(row) + j * kE);
-        if constexpr (kFused) rv[i].load_stream(p.residual + p.res_rows.offset(row) + j * kE);
+        xv[i].load128(p.input + p.in_rows.offset(row) + j * kE);
+        if constexpr (kFused) rv[i].load128(p.residual + p.res_rows.offset(row) + j * kE);
       }
     }
     detail::normalize_row<T, WT, kVecs, kKind>(p, row, row_ok, xv, rv, lane, 32, true, nullptr);
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(rows_max_threads(kVecs * kRows))
     if (load == NormLoad::kNoAllocate) {
       load_rows(std::integral_constant<NormLoad, NormLoad::kNoAllocate>{});
     } else {
-      load_rows(std::integral_constant<NormLoad, NormLoad::kStream>{});
+      load_rows(std::integral_constant<NormLoad, NormLoad::kPlain>{});
     }
     if constexpr (kEarlyW) {
       FLASHINFER_UNROLL
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(rows_max_threads(kVecs * kRows))
         if constexpr (kFused) {  // residual <- x + residual, now: only this thread reads it
           Vec<T, kE> o;
           o.from_float(f);
-          o.store_stream(rrow[r] + (int64_t{i} * nt + t) * kE);
+          o.store128(rrow[r] + (int64_t{i} * nt + t) * kE);
         }
       }
     }
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(rows_max_threads(kVecs * kRows))
         }
         Vec<T, kE> o;
         o.from_float(y);
-        o.store_stream(out + j * kE);
+        o.store128(out + j * kE);
       }
     }
     if (g + gridDim.x < groups) __syncthreads();  // red is reused by the next group

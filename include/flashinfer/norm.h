@@ -126,21 +126,22 @@ constexpr int64_t kRowsMaxVecs = 2048;  // widest row the kRows path holds in re
 
 // Which kernel family handles vectorisable rows. kAuto: see norm_plan().
 enum class NormVariant : int { kAuto = 0, kRows = 1, kPipe = 2 };
-// Loads of the streamed rows in the kRows kernel: ld.global.cs (evict-first) or
-// ld.global.L1::no_allocate.L2::256B.
-enum class NormLoad : int { kStream = 0, kNoAllocate = 1 };
+// Loads of the streamed rows in the kRows kernel: plain ld.global, or
+// ld.global.L1::no_allocate.L2::256B. (ld.global.cs, evict-first, measured 1-3% slower than
+// plain on the H200: benchmarks/NOTES.md, session 16.)
+enum class NormLoad : int { kPlain = 0, kNoAllocate = 1 };
 
 // Benchmark knobs, read once from the environment (tests may overwrite norm_tuning()):
 //   FLASHINFER_NORM_VARIANT = auto | rows | pipe
 //   FLASHINFER_NORM_VPT     = 0 (auto) | 1 | 2 | 4 | 8   vectors per thread per row (kRows)
 //   FLASHINFER_NORM_ROWS    = 0 (auto) | 1 | 2 | 4       rows per block (kRows)
-//   FLASHINFER_NORM_LOAD    = cs | na                    (kRows)
+//   FLASHINFER_NORM_LOAD    = plain | na                 (kRows)
 // A request that does not fit a shape is adjusted (see norm_plan), never an error.
 struct NormTuning {
   NormVariant variant = NormVariant::kAuto;
   int vecs_per_thread = 0;
   int rows_per_block = 0;
-  NormLoad load = NormLoad::kStream;
+  NormLoad load = NormLoad::kPlain;
 };
 
 inline bool parse_norm_variant(const char* s, NormVariant* v) {
@@ -150,7 +151,7 @@ inline bool parse_norm_variant(const char* s, NormVariant* v) {
   return false;
 }
 inline bool parse_norm_load(const char* s, NormLoad* l) {
-  if (!s || !*s || !std::strcmp(s, "cs")) return *l = NormLoad::kStream, true;
+  if (!s || !*s || !std::strcmp(s, "plain")) return *l = NormLoad::kPlain, true;
   if (!std::strcmp(s, "na")) return *l = NormLoad::kNoAllocate, true;
   return false;
 }
@@ -161,7 +162,7 @@ inline bool valid_tuning_count(int n, int max) { return n == 0 || (n > 0 && n <=
 inline NormTuning norm_tuning_from(const char* variant, const char* vpt, const char* rows, const char* load) {
   NormTuning t;
   if (!parse_norm_variant(variant, &t.variant)) t.variant = NormVariant::kAuto;
-  if (!parse_norm_load(load, &t.load)) t.load = NormLoad::kStream;
+  if (!parse_norm_load(load, &t.load)) t.load = NormLoad::kPlain;
   const int v = vpt ? std::atoi(vpt) : 0, r = rows ? std::atoi(rows) : 0;
   t.vecs_per_thread = valid_tuning_count(v, kMaxVecsPerThread) ? v : 0;
   t.rows_per_block = valid_tuning_count(r, 4) ? r : 0;

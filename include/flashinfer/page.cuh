@@ -22,13 +22,14 @@ namespace detail {
 template <typename T, int kE>
 using AppendUnit = std::conditional_t<kE == 1, T, uint4>;
 
-// A streaming (read-once) load. The 16-byte form is asm volatile so the compiler keeps it in
-// program order: after the index loads that head the lookup chain, before the lookup itself.
+// A read-once load, plain (.cs measured 3% slower at 65536 tokens: benchmarks/NOTES.md,
+// session 16). The 16-byte form is asm volatile so the compiler keeps it in program order:
+// after the index loads that head the lookup chain, before the lookup itself.
 template <typename U>
 FLASHINFER_DEVICE U load_once(const U* p) {
   if constexpr (sizeof(U) == 16) {
     uint4 r;
-    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;

@@ -20,11 +20,12 @@ namespace detail {
 
 constexpr int kHeadChunk = static_cast<int>(kRopeHeadChunk);
 
-// A streaming 16-byte load the compiler keeps in program order (asm volatile): the q/k loads
-// are issued before the position -> cos/sin chain, never sunk below it.
-FLASHINFER_DEVICE uint4 load_cs_ordered(const void* ptr) {
+// A 16-byte load the compiler keeps in program order (asm volatile): the q/k loads are issued
+// before the position -> cos/sin chain, never sunk below it. Plain, not .cs: evict-first
+// loads measured 3% slower on the H200 (benchmarks/NOTES.md, session 16).
+FLASHINFER_DEVICE uint4 load_ordered(const void* ptr) {
   uint4 r;
-  asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(ptr));
   return r;
@@ -32,10 +33,10 @@ FLASHINFER_DEVICE uint4 load_cs_ordered(const void* ptr) {
 
 // The same for one 2-byte element.
 template <typename T>
-FLASHINFER_DEVICE T load_elem_cs_ordered(const T* ptr) {
+FLASHINFER_DEVICE T load_elem_ordered(const T* ptr) {
   static_assert(sizeof(T) == 2, "fp16 / bf16 elements");
   unsigned short r;
-  asm volatile("ld.global.cs.u16 %0, [%1];" : "=h"(r) : "l"(ptr));
+  asm volatile("ld.global.u16 %0, [%1];" : "=h"(r) : "l"(ptr));
   T v;
   memcpy(&v, &r, 2);
   return v;
@@ -179,8 +180,8 @@ __global__ void __launch_bounds__(kRopeThreads, 3)
       const int h = h0 + j;
       if (h >= h_end) continue;
       const T* in = h < nq ? q_in + h * p.q_stride_h : k_in + (h - nq) * p.k_stride_h;
-      *reinterpret_cast<uint4*>(&a[j]) = detail::load_cs_ordered(in);
-      if (two) *reinterpret_cast<uint4*>(&b[j]) = detail::load_cs_ordered(in + dist_b);
+      *reinterpret_cast<uint4*>(&a[j]) = detail::load_ordered(in);
+      if (two) *reinterpret_cast<uint4*>(&b[j]) = detail::load_ordered(in + dist_b);
     }
   };
   load_chunk(h_begin);
@@ -222,8 +223,8 @@ __global__ void __launch_bounds__(kRopeThreads, 3)
       if (h >= h_end) continue;
       if (rot) detail::rotate_vectors(a[j], b[j], cs, sn, p.interleave);
       T* out = h < nq ? q_out + h * p.q_out_stride_h : k_out + (h - nq) * p.k_out_stride_h;
-      a[j].store_stream(out);
-      if (two) b[j].store_stream(out + dist_b);
+      a[j].store128(out);
+      if (two) b[j].store128(out + dist_b);
     }
     h0 += kC;
     if (h0 >= h_end) break;
@@ -254,7 +255,7 @@ __global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch
                              : p.k + t * p.k_stride_n + (h - p.num_q_heads) * p.k_stride_h;
   };
   const T* in = in_of(h_begin);
-  T x = detail::load_elem_cs_ordered(in + f0), y = detail::load_elem_cs_ordered(in + f1);
+  T x = detail::load_elem_ordered(in + f0), y = detail::load_elem_ordered(in + f1);
 
   if (!p.pos_ids && !detail::indptr_position(p, t, &pos)) return;
   if (p.cos_sin_cache && (pos < 0 || pos >= p.max_pos)) {  // nothing is written for the token

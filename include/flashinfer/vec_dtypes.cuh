@@ -51,22 +51,19 @@ struct alignas(sizeof(T) * N) Vec {
 
   // Read-only-cached load (data reused across blocks, e.g. weights).
   FLASHINFER_DEVICE void load(const T* p) { *this = *reinterpret_cast<const Vec*>(p); }
-  // Streaming load: data read once; evict first so it does not displace reused lines.
-  FLASHINFER_DEVICE void load_stream(const T* p) {
-    if constexpr (kIs16B) {
-      uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
-      *this = *reinterpret_cast<Vec*>(&u);
-    } else {
-      load(p);
-    }
-  }
   FLASHINFER_DEVICE void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
-  FLASHINFER_DEVICE void store_stream(T* p) const {
-    if constexpr (kIs16B) {
-      __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(this));
-    } else {
-      store(p);
-    }
+  // A 16-byte vector of a streamed row as one 128-bit access (a copy of the element array can
+  // be split into 2-byte stores: the fp16 / bf16 types are not trivially copyable). No cache
+  // hint: on the H200 evict-first (.cs) made the norm, activation and RoPE kernels 2-8% slower
+  // (benchmarks/NOTES.md, session 16).
+  FLASHINFER_DEVICE void load128(const T* p) {
+    static_assert(kIs16B, "16-byte vectors only");
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    *this = *reinterpret_cast<const Vec*>(&u);
+  }
+  FLASHINFER_DEVICE void store128(T* p) const {
+    static_assert(kIs16B, "16-byte vectors only");
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(this);
   }
   FLASHINFER_DEVICE void to_float(float* f) const {
     FLASHINFER_UNROLL

@@ -23,7 +23,7 @@ def _probe(env):
 
 
 def test_defaults_without_environment():
-    assert _probe({}) == "('auto', 0, 0, 'cs') ('auto', 0)"
+    assert _probe({}) == "('auto', 0, 0, 'plain') ('auto', 0)"
 
 
 def test_environment_selects_variants():
@@ -31,13 +31,13 @@ def test_environment_selects_variants():
            "FLASHINFER_NORM_LOAD": "na", "FLASHINFER_ACT_VARIANT": "pipe", "FLASHINFER_ACT_UNROLL": "8"}
     assert _probe(env) == "('rows', 2, 4, 'na') ('pipe', 8)"
     assert _probe({"FLASHINFER_NORM_VARIANT": "pipe", "FLASHINFER_ACT_VARIANT": "flat"}) == \
-        "('pipe', 0, 0, 'cs') ('flat', 0)"
+        "('pipe', 0, 0, 'plain') ('flat', 0)"
 
 
 def test_invalid_environment_values_mean_auto():
     env = {"FLASHINFER_NORM_VARIANT": "fast", "FLASHINFER_NORM_VPT": "3", "FLASHINFER_NORM_ROWS": "8",
            "FLASHINFER_NORM_LOAD": "x", "FLASHINFER_ACT_VARIANT": "?", "FLASHINFER_ACT_UNROLL": "16"}
-    assert _probe(env) == "('auto', 0, 0, 'cs') ('auto', 0)"
+    assert _probe(env) == "('auto', 0, 0, 'plain') ('auto', 0)"
 
 
 @pytest.mark.parametrize("args, match", [
@@ -46,7 +46,7 @@ def test_invalid_environment_values_mean_auto():
     (("rows", 16), "vecs_per_thread must be 0 \\(auto\\), 1, 2, 4 or 8; got 16"),
     (("rows", 1, 8), "rows_per_block must be 0 \\(auto\\), 1, 2 or 4; got 8"),
     (("rows", 1, -1), "rows_per_block must be 0 \\(auto\\), 1, 2 or 4; got -1"),
-    (("rows", 1, 1, "nc"), "load must be 'cs' or 'na'; got 'nc'"),
+    (("rows", 1, 1, "nc"), "load must be 'plain' or 'na'; got 'nc'"),
 ])
 def test_norm_set_tuning_rejects_bad_values(args, match):
     saved = _norm._tuning()

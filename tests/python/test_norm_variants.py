@@ -29,10 +29,10 @@ pytestmark = pytest.mark.gpu
 
 # id -> _norm._set_tuning arguments (variant, vecs_per_thread, rows_per_block, load)
 NORM_VARIANTS = {
-    "auto": ("auto", 0, 0, "cs"),
-    "pipe": ("pipe", 0, 0, "cs"),
-    "rows": ("rows", 0, 0, "cs"),
-    **{f"rows-v{v}r{r}": ("rows", v, r, "cs") for v in (1, 2, 4, 8) for r in (1, 2, 4) if v * r <= 8},
+    "auto": ("auto", 0, 0, "plain"),
+    "pipe": ("pipe", 0, 0, "plain"),
+    "rows": ("rows", 0, 0, "plain"),
+    **{f"rows-v{v}r{r}": ("rows", v, r, "plain") for v in (1, 2, 4, 8) for r in (1, 2, 4) if v * r <= 8},
     "rows-v1r1-na": ("rows", 1, 1, "na"),
     "rows-v1r2-na": ("rows", 1, 2, "na"),
     "rows-v4r2-na": ("rows", 4, 2, "na"),

@@ -161,7 +161,7 @@ int main() {
     for (int r : {1, 2, 4}) {
       if (v * r > norm::kRowsMaxPerThread) continue;
       norm::norm_tuning() = norm::NormTuning{norm::NormVariant::kRows, v, r,
-                                             v == 1 ? norm::NormLoad::kNoAllocate : norm::NormLoad::kStream};
+                                             v == 1 ? norm::NormLoad::kNoAllocate : norm::NormLoad::kPlain};
       std::printf("-- norm variant rows v=%d r=%d\n", v, r);
       for (int64_t h : {1032, 4096, 8192}) {
         for (int64_t rows : {1, 7, 130}) {
@@ -171,7 +171,7 @@ int main() {
       }
     }
   }
-  norm::norm_tuning() = norm::NormTuning{norm::NormVariant::kPipe, 0, 0, norm::NormLoad::kStream};
+  norm::norm_tuning() = norm::NormTuning{norm::NormVariant::kPipe, 0, 0, norm::NormLoad::kPlain};
   std::printf("-- norm variant pipe\n");
   for (int64_t h : {1032, 4096, 8192}) test_rmsnorm<__nv_bfloat16>(130, h, h, rng);
   norm::norm_tuning() = saved;

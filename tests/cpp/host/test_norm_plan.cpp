@@ -120,11 +120,11 @@ int main() {
           t.load == norm::NormLoad::kNoAllocate);
     t = norm::norm_tuning_from("pipe", nullptr, nullptr, nullptr);
     CHECK(t.variant == NormVariant::kPipe && t.vecs_per_thread == 0 && t.rows_per_block == 0 &&
-          t.load == norm::NormLoad::kStream);
+          t.load == norm::NormLoad::kPlain);
     t = norm::norm_tuning_from("bogus", "3", "8", "xx");
     CHECK(t.variant == NormVariant::kAuto && t.vecs_per_thread == 0 && t.rows_per_block == 0 &&
-          t.load == norm::NormLoad::kStream);
-    t = norm::norm_tuning_from(nullptr, "16", "-1", "cs");
+          t.load == norm::NormLoad::kPlain);
+    t = norm::norm_tuning_from(nullptr, "16", "-1", "plain");
     CHECK(t.variant == NormVariant::kAuto && t.vecs_per_thread == 0 && t.rows_per_block == 0);
     t = norm::norm_tuning_from("", "8", "1", "");
     CHECK(t.variant == NormVariant::kAuto && t.vecs_per_thread == 8 && t.rows_per_block == 1);
