@@ -165,6 +165,22 @@ def test_fused_add_rmsnorm_matches_reference(name, dtype, hidden, rows):
     assert_close(residual, new_residual, name="residual (input + residual, in place)")
 
 
+# Row counts where the default plan takes several rows per block (norm_plan: >= 16384 rows; RMSNorm
+# four at 4096, v4r2 at 8192, fused add two at 4096), the second with a partial last group.
+@pytest.mark.parametrize("name, hidden, rows", grid((*RMS, *FUSED), (4096, 8192), (16384, 16387)))
+def test_norms_over_many_rows(name, hidden, rows):
+    dtype = torch.bfloat16
+    x, w = randn(rows, hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    if name in RMS:
+        kernel, reference = RMS[name]
+        assert_close(kernel(x, w), reference(x, w))
+        return
+    residual = randn(rows, hidden, dtype=dtype)
+    normed, new_residual = run_fused(name, x, residual, w)
+    assert_close(x, normed, name="input (normalized in place)")
+    assert_close(residual, new_residual, name="residual (input + residual, in place)")
+
+
 @pytest.mark.parametrize("name, dtype, hidden, layout", grid(FUSED, DTYPES, (64, 111, 4096), STRIDED_LAYOUTS))
 def test_fused_add_rmsnorm_strided_rows(name, dtype, hidden, layout):
     rows = 33

@@ -59,9 +59,11 @@ int main() {
   // Default rule: the benchmark shapes.
   {
     NormShape l = plan(32768, 4096, NormKind::kRMS, autot);
-    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 1 && l.threads == 256);
-    l = plan(32768, 8192, NormKind::kRMS, autot);
-    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 2 && l.threads == 512);
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 4 && l.threads == 256);
+    l = plan(32768, 8192, NormKind::kRMS, autot);  // four rows of 1024 vectors: rows_shape gives v4r2
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 4 && l.rows_per_block == 2 && l.threads == 256);
+    l = plan(16384, 2048, NormKind::kRMS, autot);  // 256 vectors: one row per block
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 1 && l.threads == 128);
     l = plan(4096, 4096, NormKind::kRMS, autot);
     CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 1 && l.threads == 256);
     for (int64_t rows : {1, 128}) {
