@@ -204,9 +204,10 @@ inline bool rows_shape(int64_t nvec, int v, int r, NormShape* l) {
 //   nvec <= 128:        kWarpRows (a warp per row)
 //   nvec <= 2048:       kRows with one vector per thread per row (a block of nvec threads,
 //                       FlashInfer's fused-add shape) where that fits 1024 threads, else two;
-//                       RMSNorm over >= 16384 rows of >= 512 vectors takes four rows per
-//                       block, fused-add over >= 16384 rows of <= 512 vectors two (more loads
-//                       in flight per thread), everything else one.
+//                       over >= 16384 rows, RMSNorm of >= 512 vectors and fused-add /
+//                       LayerNorm of <= 512 vectors take two rows per block (more loads in
+//                       flight per thread), everything else one. LayerNorm of > 512 vectors:
+//                       kPipelined.
 //   wider:              kPipelined (rows streamed through shared memory)
 // Not vectorisable (alignment, hidden % vec_elems): kScalar. `t` overrides (see NormTuning):
 // pipe takes norm_shape()'s choice (warp-sized rows stay kWarpRows); rows takes kRows for
@@ -218,19 +219,23 @@ inline NormShape norm_plan(int64_t rows, int64_t hidden, int vec_elems, bool ali
   const int64_t nvec = hidden / vec_elems;
   if (t.variant == NormVariant::kPipe || (t.variant == NormVariant::kAuto && base.path == NormPath::kWarpRows))
     return base;
-  // LayerNorm: the pipelined kernel measured faster (32768 x 4096 bf16 on the H200: 68% vs 62%).
-  if (t.variant == NormVariant::kAuto && kind == NormKind::kLayer) return base;
+  // LayerNorm over rows of > 512 vectors: the pipelined kernel (32768 x 8192 bf16 on the H200:
+  // 425.7 vs 486.4 us). Up to 512 vectors the register rows measured as fast or faster since
+  // the plain loads of session 16 (4096 x 4096 31.2 vs 37.0 us, 128 rows 6.6-6.9 vs 8.0, 32768
+  // rows 201.3 vs 201.9).
+  if (t.variant == NormVariant::kAuto && kind == NormKind::kLayer && nvec > 512) return base;
   // Defaults measured on the H200 (bf16, % of the copy ceiling; benchmarks/NOTES.md):
   // RMSNorm with >= 1024 rows takes 2 vectors per thread (4096 x 4096: 70% vs 58%; 32768 x 4096:
-  // 90.0% vs 88.4%) and, for >= 16384 rows of >= 512 vectors, 4 rows per block, which
-  // rows_shape turns into v4r2 at 1024 vectors (session 16, plain loads and stores: 32768 x 4096
-  // 135.8 vs 137.8 us at 1 row, x 8192 265.9 vs 269.0 at v2r2); fewer rows keep 1 vector per
-  // thread (128 x 4096: 5.5 vs 5.9 us). Fused add: 1 vector per thread, 2 rows per block for
-  // >= 16384 rows of <= 512 vectors (92.2% vs 90.9%; 4 rows: 270.0 vs 266.4 us).
+  // 90.0% vs 88.4%), fewer rows keep 1 (128 x 4096: 5.5 vs 5.9 us). Over >= 16384 rows of >= 512
+  // vectors it takes 2 rows per block, and 4 vectors per thread from 1024 vectors (session 16,
+  // plain loads and stores, us: 32768 x 4096 v2r2 131.8 (gemma) vs v2r4 135.5 vs v2r1 137.8;
+  // x 8192 v4r2 265.9 vs v2r2 269.0). Fused add and LayerNorm: 1 vector per thread, 2 rows per
+  // block for >= 16384 rows of <= 512 vectors (fused add 92.2% vs 90.9%; 4 rows: 270.0 vs 266.4).
   int v = t.vecs_per_thread, r = t.rows_per_block;
   const bool rms = kind == NormKind::kRMS;
-  if (v == 0) v = nvec > 1024 || (rms && rows >= 1024) ? 2 : 1;
-  if (r == 0) r = rows < 16384 ? 1 : rms && nvec >= 512 ? 4 : !rms && nvec <= 512 ? 2 : 1;
+  const bool many_rows = rows >= 16384;
+  if (v == 0) v = rms && many_rows && nvec >= 1024 ? 4 : nvec > 1024 || (rms && rows >= 1024) ? 2 : 1;
+  if (r == 0) r = many_rows && ((rms && nvec >= 512) || (!rms && nvec <= 512)) ? 2 : 1;
   NormShape l;
   if (rows_shape(nvec, v, r, &l)) return l;
   return base;  // too wide for registers: kPipelined (or kScalar)

@@ -165,12 +165,17 @@ def test_fused_add_rmsnorm_matches_reference(name, dtype, hidden, rows):
     assert_close(residual, new_residual, name="residual (input + residual, in place)")
 
 
-# Row counts where the default plan takes several rows per block (norm_plan: >= 16384 rows; RMSNorm
-# four at 4096, v4r2 at 8192, fused add two at 4096), the second with a partial last group.
-@pytest.mark.parametrize("name, hidden, rows", grid((*RMS, *FUSED), (4096, 8192), (16384, 16387)))
+# Row counts where the default plan takes two rows per block (norm_plan: >= 16384 rows; RMSNorm
+# v2r2 at 4096 and v4r2 at 8192, fused add and LayerNorm v1r2 at 4096), the second with a partial
+# last group.
+@pytest.mark.parametrize("name, hidden, rows", grid((*RMS, *FUSED, "layernorm"), (4096, 8192), (16384, 16387)))
 def test_norms_over_many_rows(name, hidden, rows):
     dtype = torch.bfloat16
     x, w = randn(rows, hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    if name == "layernorm":
+        gamma, beta = randn(hidden, dtype=torch.float32), randn(hidden, dtype=torch.float32)
+        assert_close(flashinfer.layernorm(x, gamma, beta), ref.layernorm(x, gamma, beta))
+        return
     if name in RMS:
         kernel, reference = RMS[name]
         assert_close(kernel(x, w), reference(x, w))
@@ -203,7 +208,7 @@ def test_fused_add_rmsnorm_strided_rows(name, dtype, hidden, layout):
 # --- LayerNorm -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype, hidden, rows", grid(
-    (torch.bfloat16, torch.float16), (128, 129, 1024, 16384), (1, 2, 3, 128),
+    (torch.bfloat16, torch.float16), (128, 129, 1024, 4096, 16384), (1, 2, 3, 128),
     smoke=lambda d, h, r: r == 3 and h in (129, 1024)))
 def test_layernorm_matches_reference(dtype, hidden, rows):
     # an offset and a spread per row make the mean matter

@@ -59,8 +59,8 @@ int main() {
   // Default rule: the benchmark shapes.
   {
     NormShape l = plan(32768, 4096, NormKind::kRMS, autot);
-    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 4 && l.threads == 256);
-    l = plan(32768, 8192, NormKind::kRMS, autot);  // four rows of 1024 vectors: rows_shape gives v4r2
+    CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 2 && l.threads == 256);
+    l = plan(32768, 8192, NormKind::kRMS, autot);
     CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 4 && l.rows_per_block == 2 && l.threads == 256);
     l = plan(16384, 2048, NormKind::kRMS, autot);  // 256 vectors: one row per block
     CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.rows_per_block == 1 && l.threads == 128);
@@ -76,7 +76,12 @@ int main() {
             l.threads == 512);
       l = plan(rows, 8192, NormKind::kFusedAddRMS, autot);
       CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == 1 && l.threads == 1024);
-      CHECK(plan(rows, 4096, NormKind::kLayer, autot).path == NormPath::kPipelined);
+      // LayerNorm: register rows up to 512 vectors (two rows per block from 16384 rows), wider
+      // rows pipelined.
+      l = plan(rows, 4096, NormKind::kLayer, autot);
+      CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 1 && l.rows_per_block == (rows >= 16384 ? 2 : 1) &&
+            l.threads == 512);
+      CHECK(plan(rows, 8192, NormKind::kLayer, autot).path == NormPath::kPipelined);
     }
     l = plan(7, 16384, NormKind::kRMS, autot);  // 2048 vectors: two per thread
     CHECK(l.path == NormPath::kRows && l.vecs_per_thread == 2 && l.threads == 1024);
