@@ -1,8 +1,8 @@
 """Bit packing of boolean masks (FlashInfer-compatible ``flashinfer.quantization``): ``packbits``
 and ``segment_packbits`` with ``numpy.packbits`` semantics, for custom attention masks. They are
-data-layout helpers built from the input framework's own operations (torch tensors stay on their
-device; NumPy arrays use ``numpy.packbits``); ``segment_packbits`` sizes its output from the
-segment lengths, so it reads ``indptr`` on the host."""
+data-layout helpers built from the input framework's own operations (torch tensors and CuPy arrays
+stay on their device; NumPy arrays use ``numpy.packbits``); ``segment_packbits`` sizes its output
+from the segment lengths, so it reads ``indptr`` on the host."""
 
 from __future__ import annotations
 
@@ -25,11 +25,33 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def _cupy_of(x: Any) -> Any:
+    """The cupy module when ``x`` is a CuPy array, else None (CuPy is imported only then)."""
+    if not type(x).__module__.startswith("cupy"):
+        return None
+    import cupy
+
+    return cupy
+
+
+def _host(a: Any) -> np.ndarray:
+    """``a`` (torch tensor, CuPy or NumPy array, sequence) as a NumPy array on the host."""
+    if _is_torch(a):
+        return a.detach().cpu().numpy()
+    if _cupy_of(a) is not None:
+        return a.get()
+    return np.asarray(a)
+
+
 def packbits(x: Any, bitorder: str = "big") -> Any:
     r"""The elements of ``x`` (flattened; nonzero is 1) packed 8 per uint8, the first element in the
     most (``"big"``) or least (``"little"``) significant bit; the last byte is zero-padded. Same
     result as ``numpy.packbits(x, bitorder=bitorder)``."""
     w = _bit_weights(bitorder)
+    cp = _cupy_of(x)
+    if cp is not None:  # CuPy in, CuPy out, on the array's device
+        with cp.cuda.Device(x.device.id):
+            return cp.packbits((x != 0).ravel(), bitorder=bitorder)
     if not _is_torch(x):
         return np.packbits(np.asarray(x) != 0, bitorder=bitorder)
     import torch
@@ -47,7 +69,7 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     byte boundary: returns ``(y, new_indptr)`` with segment i in ``y[new_indptr[i]:new_indptr[i+1]]``
     and ``new_indptr[i+1] - new_indptr[i] = ceil(seg_len / 8)`` (``new_indptr`` int32)."""
     w = _bit_weights(bitorder)
-    ptr = np.asarray(indptr.detach().cpu() if _is_torch(indptr) else indptr).astype(np.int64).reshape(-1)
+    ptr = _host(indptr).astype(np.int64).reshape(-1)
     n = int(x.shape[0]) if len(x.shape) == 1 else -1
     if n < 0:
         raise ValueError(f"segment_packbits: x must be 1-D; got shape {tuple(x.shape)}")
@@ -61,6 +83,14 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     local = np.arange(n, dtype=np.int64) - np.repeat(ptr[:-1], seg)
     byte = np.repeat(new_ptr[:-1], seg) + local // 8
     weight = w[local % 8]
+    cp = _cupy_of(x)
+    if cp is not None:  # distinct bits of a byte: the scatter-add is an exact OR
+        import cupyx
+
+        with cp.cuda.Device(x.device.id):
+            y = cp.zeros(int(new_ptr[-1]), cp.int32)
+            cupyx.scatter_add(y, cp.asarray(byte), cp.asarray(weight) * (x != 0).astype(cp.int32))
+            return y.astype(cp.uint8), cp.asarray(new_ptr.astype(np.int32))
     if not _is_torch(x):
         y = np.zeros(int(new_ptr[-1]), np.int32)
         np.add.at(y, byte, weight * (np.asarray(x) != 0))

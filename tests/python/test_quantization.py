@@ -1,5 +1,6 @@
 """flashinfer.packbits / segment_packbits against numpy.packbits (CPU torch tensors, NumPy
-arrays, and CUDA tensors when a GPU is present), and the flashinfer.utils.FP4Tensor container."""
+arrays, and CUDA tensors and CuPy arrays when a GPU is present), and the flashinfer.utils.FP4Tensor
+container."""
 
 from __future__ import annotations
 
@@ -46,6 +47,25 @@ def test_segment_packbits_matches_numpy_per_segment(device, bitorder):
     y2, p2 = flashinfer.quantization.segment_packbits(x, indptr.tolist(), bitorder)
     np.testing.assert_array_equal(y2, np.concatenate(want))
     np.testing.assert_array_equal(p2, new_indptr.cpu().numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_packbits_cupy_in_cupy_out(bitorder):
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(11)
+    y = rng.integers(-2, 3, size=(3, 1001))  # nonzero counts as 1; flattened
+    got = flashinfer.packbits(cupy.asarray(y), bitorder=bitorder)
+    assert isinstance(got, cupy.ndarray) and got.dtype == cupy.uint8
+    np.testing.assert_array_equal(got.get(), np.packbits(y != 0, bitorder=bitorder))
+    lens = [0, 1, 8, 13, 0, 64, 7, 100]
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    x = rng.random(int(indptr[-1])) < 0.5
+    out, new_indptr = flashinfer.segment_packbits(cupy.asarray(x), cupy.asarray(indptr), bitorder=bitorder)
+    assert isinstance(out, cupy.ndarray) and out.dtype == cupy.uint8 and new_indptr.dtype == cupy.int32
+    want = [np.packbits(x[indptr[i]:indptr[i + 1]], bitorder=bitorder) for i in range(len(lens))]
+    np.testing.assert_array_equal(out.get(), np.concatenate(want))
+    np.testing.assert_array_equal(new_indptr.get(), np.concatenate([[0], np.cumsum([len(w) for w in want])]))
 
 
 def test_packbits_errors():
