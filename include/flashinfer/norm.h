@@ -204,10 +204,9 @@ inline bool rows_shape(int64_t nvec, int v, int r, NormShape* l) {
 //   nvec <= 128:        kWarpRows (a warp per row)
 //   nvec <= 2048:       kRows with one vector per thread per row (a block of nvec threads,
 //                       FlashInfer's fused-add shape) where that fits 1024 threads, else two;
-//                       over >= 16384 rows, RMSNorm of >= 512 vectors and fused-add /
-//                       LayerNorm of <= 512 vectors take two rows per block (more loads in
-//                       flight per thread), everything else one. LayerNorm of > 512 vectors:
-//                       kPipelined.
+//                       over >= 16384 rows, RMSNorm of >= 512 vectors and fused-add of <= 512
+//                       vectors take two rows per block (more loads in flight per thread),
+//                       everything else one. LayerNorm of > 512 vectors: kPipelined.
 //   wider:              kPipelined (rows streamed through shared memory)
 // Not vectorisable (alignment, hidden % vec_elems): kScalar. `t` overrides (see NormTuning):
 // pipe takes norm_shape()'s choice (warp-sized rows stay kWarpRows); rows takes kRows for
@@ -229,13 +228,14 @@ inline NormShape norm_plan(int64_t rows, int64_t hidden, int vec_elems, bool ali
   // 90.0% vs 88.4%), fewer rows keep 1 (128 x 4096: 5.5 vs 5.9 us). Over >= 16384 rows of >= 512
   // vectors it takes 2 rows per block, and 4 vectors per thread from 1024 vectors (session 16,
   // plain loads and stores, us: 32768 x 4096 v2r2 131.8 (gemma) vs v2r4 135.5 vs v2r1 137.8;
-  // x 8192 v4r2 265.9 vs v2r2 269.0). Fused add and LayerNorm: 1 vector per thread, 2 rows per
-  // block for >= 16384 rows of <= 512 vectors (fused add 92.2% vs 90.9%; 4 rows: 270.0 vs 266.4).
+  // x 8192 v4r2 265.9 vs v2r2 269.0). Fused add: 1 vector per thread, 2 rows per block for
+  // >= 16384 rows of <= 512 vectors (92.2% vs 90.9%; 4 rows: 270.0 vs 266.4). LayerNorm: 1
+  // vector per thread, 1 row (its fp32 weights compile that shape and v2r1 only: Norm()).
   int v = t.vecs_per_thread, r = t.rows_per_block;
-  const bool rms = kind == NormKind::kRMS;
+  const bool rms = kind == NormKind::kRMS, fused = kind == NormKind::kFusedAddRMS;
   const bool many_rows = rows >= 16384;
   if (v == 0) v = rms && many_rows && nvec >= 1024 ? 4 : nvec > 1024 || (rms && rows >= 1024) ? 2 : 1;
-  if (r == 0) r = many_rows && ((rms && nvec >= 512) || (!rms && nvec <= 512)) ? 2 : 1;
+  if (r == 0) r = many_rows && ((rms && nvec >= 512) || (fused && nvec <= 512)) ? 2 : 1;
   NormShape l;
   if (rows_shape(nvec, v, r, &l)) return l;
   return base;  // too wide for registers: kPipelined (or kScalar)

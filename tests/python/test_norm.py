@@ -166,8 +166,8 @@ def test_fused_add_rmsnorm_matches_reference(name, dtype, hidden, rows):
 
 
 # Row counts where the default plan takes two rows per block (norm_plan: >= 16384 rows; RMSNorm
-# v2r2 at 4096 and v4r2 at 8192, fused add and LayerNorm v1r2 at 4096), the second with a partial
-# last group.
+# v2r2 at 4096 and v4r2 at 8192, fused add v1r2 at 4096), the second with a partial last group;
+# LayerNorm takes one row of the register kernel at 4096 and the pipelined kernel at 8192.
 @pytest.mark.parametrize("name, hidden, rows", grid((*RMS, *FUSED, "layernorm"), (4096, 8192), (16384, 16387)))
 def test_norms_over_many_rows(name, hidden, rows):
     dtype = torch.bfloat16
