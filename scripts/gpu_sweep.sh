@@ -2,7 +2,8 @@
 # Env-knob sweep on a GPU machine (after scripts/gpu_dev.sh built build/devpkg): runs the
 # bench testlist CASES once per line of CONFIGS ("label|VAR=val VAR2=val ..."; an empty
 # assignment list = defaults), GPU time only (no host timing, no PyTorch reference), and
-# prints one compact table per config. Full output under $OUT/sweep_*.txt.
+# prints one compact table per config (scripts/sweep_table.py joins rounds into one table).
+# Full output under $OUT/sweep_*.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}

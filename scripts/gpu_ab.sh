@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A/B of compile-time variants in one call on a GPU machine. Builds every extension module once
+# (the base tree), then for each variant the listed MODULES again with its extra CUDA flags (the
+# source must honour them, e.g. a temporary #if), assembles one package per variant (the base
+# modules plus the variant's), and times CASES under every variant for ROUNDS rounds, the order
+# reversed in every other round. Prints one table (scripts/sweep_table.py); logs under $OUT/ab.
+#   VARIANTS=$'head|\nplain|-DFLASHINFER_EXP_X=0' MODULES="_norm _rope" \
+#     CASES=benchmarks/dev_cases_norm.txt ROUNDS=2 bash scripts/gpu_ab.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+A=$OUT/ab
+mkdir -p "$A"
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+export CUDACXX=${CUDACXX:-$(command -v nvcc)}
+: "${VARIANTS:?VARIANTS: lines of label|cuda flags}" "${MODULES:?MODULES: the modules a variant rebuilds}"
+: "${CASES:?CASES: a bench testlist}"
+ALL="_cuda _norm _activation _decode _cascade _rope _page _sampling"
+t0=$(date +%s)
+configure() {  # build dir, extra CUDA flags
+  cmake -S . -B "$1" -G Ninja -DFLASHINFER_BUILD_PYTHON=ON -DFLASHINFER_BUILD_TESTS=OFF \
+    -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_FLAGS="$2" > "$A/configure-$(basename "$1").log" 2>&1
+}
+configure build/ab-base "" || { echo "configure failed"; exit 1; }
+labels=()
+i=0
+while IFS='|' read -r label flags; do
+  [ -z "$label" ] && continue
+  i=$((i + 1))
+  labels+=("$label")
+  configure "build/ab-$i" "$flags" || { echo "configure $label failed"; exit 1; }
+done <<< "$VARIANTS"
+# the base gets half the cores, the variants share the rest
+cmake --build build/ab-base -j "$(( $(nproc) / 2 + 1 ))" --target $ALL > "$A/build-base.log" 2>&1 &
+for j in $(seq 1 $i); do
+  cmake --build "build/ab-$j" -j "$(( $(nproc) / (2 * i) + 1 ))" --target $MODULES > "$A/build-$j.log" 2>&1 &
+done
+wait
+echo "builds: $(( $(date +%s) - t0 )) s"
+if grep -l "error:" "$A"/build-*.log; then exit 1; fi
+configs=""
+for j in $(seq 1 $i); do
+  P=$PWD/build/ab-pkg-$j
+  rm -rf "$P" && mkdir -p "$P" && cp -r python/flashinfer "$P/" && cp build/ab-base/bindings/*.so "$P/flashinfer/"
+  for m in $MODULES; do cp "build/ab-$j/bindings/$m".*.so "$P/flashinfer/"; done
+  configs+="${labels[$((j - 1))]}|PYTHONPATH=$P"$'\n'
+done
+rounds=()
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  c="$configs"
+  [ $((r % 2)) -eq 0 ] && c="$(printf '%s' "$configs" | tac)"
+  TAG=ab/r$r CONFIGS="$c" bash scripts/gpu_sweep.sh > "$A/round$r.txt" 2>&1
+  rounds+=("$A/round$r.txt")
+done
+echo "total: $(( $(date +%s) - t0 )) s"
+python3 scripts/sweep_table.py "${rounds[@]}"
