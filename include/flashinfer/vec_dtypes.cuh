@@ -52,10 +52,12 @@ struct alignas(sizeof(T) * N) Vec {
   // Read-only-cached load (data reused across blocks, e.g. weights).
   FLASHINFER_DEVICE void load(const T* p) { *this = *reinterpret_cast<const Vec*>(p); }
   FLASHINFER_DEVICE void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
-  // A 16-byte vector of a streamed row as one 128-bit access (a copy of the element array can
-  // be split into 2-byte stores: the fp16 / bf16 types are not trivially copyable). No cache
-  // hint: on the H200 evict-first (.cs) made the norm, activation and RoPE kernels 2-8% slower
-  // (benchmarks/NOTES.md, session 16).
+  // A 16-byte vector of a streamed row as a uint4 (a copy of the element array can be split
+  // into 2-byte stores: the fp16 / bf16 types are not trivially copyable). No cache hint: on the
+  // H200 evict-first (.cs) made the norm, activation and RoPE kernels 2-8% slower
+  // (benchmarks/NOTES.md, session 16). The store still reaches SASS as four 4-byte STG.E where
+  // the vector was assembled from 16-bit conversions (norm, activation); an asm st.global.v4
+  // avoids that, as cascade.cuh's Pack::store does (to be measured: NOTES, next steps).
   FLASHINFER_DEVICE void load128(const T* p) {
     static_assert(kIs16B, "16-byte vectors only");
     const uint4 u = *reinterpret_cast<const uint4*>(p);
