@@ -11,6 +11,7 @@
 #include "math.cuh"
 #include "page.h"
 #include "utils.cuh"
+#include "vec_dtypes.cuh"
 
 namespace flashinfer {
 namespace paged_kv {
@@ -22,17 +23,12 @@ namespace detail {
 template <typename T, int kE>
 using AppendUnit = std::conditional_t<kE == 1, T, uint4>;
 
-// A read-once load, plain (.cs measured 3% slower at 65536 tokens: benchmarks/NOTES.md,
-// session 16). The 16-byte form is asm volatile so the compiler keeps it in program order:
+// A read-once load. The 16-byte form keeps its place in program order (load128_ordered):
 // after the index loads that head the lookup chain, before the lookup itself.
 template <typename U>
 FLASHINFER_DEVICE U load_once(const U* p) {
   if constexpr (sizeof(U) == 16) {
-    uint4 r;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
+    return load128_ordered(p);
   } else {
     return *p;
   }

@@ -20,18 +20,7 @@ namespace detail {
 
 constexpr int kHeadChunk = static_cast<int>(kRopeHeadChunk);
 
-// A 16-byte load the compiler keeps in program order (asm volatile): the q/k loads are issued
-// before the position -> cos/sin chain, never sunk below it. Plain, not .cs: evict-first
-// loads measured 3% slower on the H200 (benchmarks/NOTES.md, session 16).
-FLASHINFER_DEVICE uint4 load_ordered(const void* ptr) {
-  uint4 r;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(ptr));
-  return r;
-}
-
-// The same for one 2-byte element.
+// load128_ordered (vec_dtypes.cuh) for one 2-byte element.
 template <typename T>
 FLASHINFER_DEVICE T load_elem_ordered(const T* ptr) {
   static_assert(sizeof(T) == 2, "fp16 / bf16 elements");
@@ -180,8 +169,8 @@ __global__ void __launch_bounds__(kRopeThreads, 3)
       const int h = h0 + j;
       if (h >= h_end) continue;
       const T* in = h < nq ? q_in + h * p.q_stride_h : k_in + (h - nq) * p.k_stride_h;
-      *reinterpret_cast<uint4*>(&a[j]) = detail::load_ordered(in);
-      if (two) *reinterpret_cast<uint4*>(&b[j]) = detail::load_ordered(in + dist_b);
+      *reinterpret_cast<uint4*>(&a[j]) = load128_ordered(in);
+      if (two) *reinterpret_cast<uint4*>(&b[j]) = load128_ordered(in + dist_b);
     }
   };
   load_chunk(h_begin);

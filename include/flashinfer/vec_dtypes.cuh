@@ -42,6 +42,18 @@ FLASHINFER_DEVICE float2 unpack2(uint32_t w, const __half*) {
   return __half22float2(h);
 }
 
+// A plain 16-byte load that the compiler keeps in program order (asm volatile): issued where it
+// stands in the source, never sunk below later code (RoPE issues its q/k loads before the
+// position -> cos/sin chain, append its K/V loads before the page lookup). No cache hint:
+// evict-first (.cs) measured 3% slower on the H200 (benchmarks/NOTES.md, session 16).
+FLASHINFER_DEVICE uint4 load128_ordered(const void* ptr) {
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr));
+  return r;
+}
+
 // N elements of T stored together; 16-byte vectors load and store as one 128-bit access.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
