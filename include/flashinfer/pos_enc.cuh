@@ -229,7 +229,13 @@ template <typename T, typename IdType>
 __global__ void RopeScalarKernel(const RopeParams<T, IdType> p, const RopeLaunch l, const RopeFreqTable tab) {
   const int64_t half = p.rotary_dim / 2;
   int64_t t, g, u;
-  detail::decode_index(int64_t{blockIdx.x} * blockDim.x + threadIdx.x, l, &t, &g, &u);
+  if (l.grid2d) {
+    u = threadIdx.x;
+    g = blockIdx.x;
+    t = blockIdx.y;
+  } else {
+    detail::decode_index(int64_t{blockIdx.x} * blockDim.x + threadIdx.x, l, &t, &g, &u);
+  }
   pdl_wait();
   if (t >= p.nnz) return;
   int64_t pos = p.pos_ids ? static_cast<int64_t>(p.pos_ids[t]) : 0;
@@ -351,7 +357,9 @@ cudaError_t Rope(const RopeParams<T, IdType>& p, cudaStream_t stream) {
   if (l.blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   static const RopeFreqTable kNoTable{};
   const RopeFreqTable& tab = p.cos_sin_cache ? kNoTable : detail::freq_table(p.freq, p.rotary_dim);
-  const dim3 grid(static_cast<unsigned>(l.blocks)), block(l.threads);
+  const dim3 grid = l.grid2d ? dim3(static_cast<unsigned>(l.head_groups), static_cast<unsigned>(p.nnz))
+                             : dim3(static_cast<unsigned>(l.blocks));
+  const dim3 block(l.threads);
   if (l.vectorized) return launch(RopeKernel<T, IdType, kE>, grid, block, 0, stream, p.pdl, p, l, tab);
   return launch(RopeScalarKernel<T, IdType>, grid, block, 0, stream, p.pdl, p, l, tab);
 }

@@ -162,6 +162,11 @@ struct RopeLaunch {
   int64_t heads_per_group = 1;
   int threads = 256;
   int64_t blocks = 0;
+  // Scalar launches of few tokens run on a 2-D grid, x = head group, y = token, of `units`-thread
+  // blocks: the kernel reads (t, g, u) from its indices instead of dividing a flat index (two
+  // runtime divisions ahead of the first load; 0.1-0.25 us of a 5 us launch on the H200,
+  // benchmarks/NOTES.md, session 17). blocks is then head_groups * nnz.
+  bool grid2d = false;
 };
 
 constexpr int kRopeThreads = 256;
@@ -174,6 +179,9 @@ constexpr int64_t kRopeSmallThreads = int64_t{132} * 256;
 // Launches of at most this many tokens are latency-bound: the scalar kernel, one pair (one
 // sincos) per thread, finishes sooner than a vector unit's kE / 2 sincos per thread.
 constexpr int64_t kRopeScalarTokens = 16;
+// The 2-D grid's limits: gridDim.y (tokens) and the block size (units per head group).
+constexpr int64_t kRopeGrid2dMaxTokens = 65535;
+constexpr int64_t kRopeGrid2dMaxUnits = 1024;
 
 // vec_elems: elements of a 16-byte vector. aligned16: every base pointer is 16-byte aligned
 // and every q/k stride is a multiple of vec_elems. heads_per_thread: 0 = the default
@@ -208,6 +216,11 @@ inline RopeLaunch rope_launch_config(int64_t nnz, int64_t num_heads, int64_t hea
   l.head_groups = ceil_div<int64_t>(nh, hpg);
   l.threads = kRopeThreads;
   l.blocks = ceil_div<int64_t>(nnz * l.head_groups * l.units, l.threads);
+  if (!l.vectorized && nnz <= small_tokens && nnz <= kRopeGrid2dMaxTokens && l.units <= kRopeGrid2dMaxUnits) {
+    l.grid2d = true;
+    l.threads = static_cast<int>(l.units);
+    l.blocks = l.head_groups * nnz;
+  }
   return l;
 }
 

@@ -159,6 +159,9 @@ void test_launch_config() {
                 CHECK(l.heads_per_group <= rope::kRopeHeadChunk || l.heads_per_group % rope::kRopeHeadChunk == 0 ||
                       l.heads_per_group == heads);
                 if (hpt > 0) CHECK(l.heads_per_group == std::min<int64_t>(heads, hpt <= 4 ? hpt : (hpt + 3) / 4 * 4));
+                // scalar launches of few tokens: a (head group, token) grid of units-thread blocks
+                CHECK(l.grid2d == (!l.vectorized && nnz <= rope::kRopeScalarTokens && l.units <= 1024));
+                if (l.grid2d) CHECK(l.threads == l.units && l.blocks == l.head_groups * nnz);
                 CHECK(l.blocks * l.threads >= nnz * l.head_groups * l.units);
                 CHECK((l.blocks - 1) * l.threads < nnz * l.head_groups * l.units);
               }
@@ -182,6 +185,13 @@ void test_launch_config() {
   CHECK(rope::rope_launch_config(rope::kRopeScalarTokens + 1, 40, 128, 128, true, 8, true).vectorized);
   CHECK(rope::rope_launch_config(1, 40, 128, 128, true, 8, true, 0, -1).vectorized);
   CHECK(!rope::rope_launch_config(4096, 40, 128, 128, true, 8, true, 0, 4096).vectorized);
+  CHECK(one.grid2d && one.threads == 64 && one.blocks == 40);
+  // the 2-D grid's limits: tokens fit gridDim.y, units one block; past them the flat grid
+  CHECK(rope::rope_launch_config(4096, 40, 128, 128, true, 8, true, 0, 4096).grid2d);
+  CHECK(!rope::rope_launch_config(70000, 40, 128, 128, true, 8, true, 0, 70000).grid2d);
+  CHECK(!rope::rope_launch_config(70000, 40, 128, 128, true, 8, true, 0, 70000).vectorized);
+  CHECK(rope::rope_launch_config(1, 8, 2048, 2048, true, 8, true).grid2d);    // 1024 units
+  CHECK(!rope::rope_launch_config(1, 8, 4096, 2048, false, 8, true).grid2d);  // 1024 + 2048 units
 }
 
 // rope_sincos against long double sin/cos of the same fp32 angle, over the angles RoPE makes
