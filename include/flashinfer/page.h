@@ -94,15 +94,14 @@ enum PageIndexError : int32_t {
 };
 
 // locate() for kernels that must never touch memory outside the cache, whatever the page table
-// holds. num_indices: elements of `indices`; max_num_pages: pages of the cache tensor. On
-// success returns 0 and the page id and entry of token `pos` of request `b`.
+// holds, given request b's page-table range [begin, end) = [indptr[b], indptr[b + 1]) (b already
+// checked against batch_size). num_indices: elements of `indices`; max_num_pages: pages of the
+// cache tensor. On success returns 0 and the page id and entry of token `pos`.
 template <typename DType, typename IdType>
-FLASHINFER_HOST_DEVICE int32_t locate_checked(const PagedKV<DType, IdType>& kv, int64_t b, int64_t pos,
-                                              int64_t num_indices, int64_t max_num_pages, int64_t* page,
-                                              int64_t* entry) {
-  if (b < 0 || b >= kv.batch_size) return kBadBatchIndex;
+FLASHINFER_HOST_DEVICE int32_t locate_in_range(const PagedKV<DType, IdType>& kv, int64_t pos, int64_t begin,
+                                               int64_t end, int64_t num_indices, int64_t max_num_pages,
+                                               int64_t* page, int64_t* entry) {
   if (pos < 0) return kBadPosition;
-  const int64_t begin = int64_t(kv.indptr[b]), end = int64_t(kv.indptr[b + 1]);
   // pos / page_size and pos % page_size in 32 bits when they fit (a 64-bit division is a
   // ~60-instruction subroutine on the device)
   int64_t quot, rem;
@@ -122,6 +121,17 @@ FLASHINFER_HOST_DEVICE int32_t locate_checked(const PagedKV<DType, IdType>& kv, 
   *page = id;
   *entry = rem;
   return 0;
+}
+
+// The same for token `pos` of request `b`, reading b's range from indptr.
+template <typename DType, typename IdType>
+FLASHINFER_HOST_DEVICE int32_t locate_checked(const PagedKV<DType, IdType>& kv, int64_t b, int64_t pos,
+                                              int64_t num_indices, int64_t max_num_pages, int64_t* page,
+                                              int64_t* entry) {
+  if (b < 0 || b >= kv.batch_size) return kBadBatchIndex;
+  if (pos < 0) return kBadPosition;
+  return locate_in_range(kv, pos, int64_t(kv.indptr[b]), int64_t(kv.indptr[b + 1]), num_indices, max_num_pages,
+                         page, entry);
 }
 
 // get_batch_indices_positions for entry e of an append: the request b whose range

@@ -54,6 +54,21 @@ FLASHINFER_DEVICE uint4 load128_ordered(const void* ptr) {
   return r;
 }
 
+// The same for one 4- or 8-byte index.
+template <typename I>
+FLASHINFER_DEVICE I load_index_ordered(const I* ptr) {
+  static_assert(sizeof(I) == 4 || sizeof(I) == 8, "32- or 64-bit indices");
+  if constexpr (sizeof(I) == 4) {
+    uint32_t r;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(r) : "l"(ptr));
+    return static_cast<I>(r);
+  } else {
+    unsigned long long r;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(r) : "l"(ptr));
+    return static_cast<I>(r);
+  }
+}
+
 // N elements of T stored together; 16-byte vectors load and store as one 128-bit access.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {

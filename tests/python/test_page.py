@@ -178,8 +178,8 @@ def test_int64_bad_index_raises_when_checked(check_indices):
 
 @pytest.mark.parametrize("num_requests, page_size", [(300, 16), (300, 1), (255, 5), (256, 5)])
 def test_append_many_requests(num_requests, page_size):
-    """Page tables of more than 255 requests: the kernel reads indptr from global memory instead of
-    the block's shared-memory copy (255 requests: the largest shared copy; 256: the smallest global)."""
+    """Page tables of 255-300 requests, a few tokens each: tokens i < batch size whose request is not
+    i (the kernel's decode-step guess is wrong for them) next to ones whose request is i."""
     g = torch.Generator().manual_seed(num_requests)
     old = torch.randint(0, 40, (num_requests,), generator=g).tolist()
     add = torch.randint(0, 4, (num_requests,), generator=g).tolist()
@@ -275,7 +275,8 @@ def test_bad_indices_are_skipped():
     (2, 0, -3, r"positions\[2\] = -3 is negative"),
     (3, 0, 8, r"positions\[3\] = 8 of request 0 lies beyond its pages"),
     (4, -1, 0, r"batch_indices\[4\] = -1 is outside \[0, 2\)"),
-    # token 1 of request 1: the kernel's guessed request (min(token, batch_size - 1)) was right
+    # token 1 of request 1: the kernel's guess (token i belongs to request i) was right, so the
+    # lookup used the indptr range read beside the token's indices
     (1, 1, -3, r"positions\[1\] = -3 is negative"),
     (1, 1, 40, r"positions\[1\] = 40 of request 1 lies beyond its pages"),
 ])

@@ -64,6 +64,10 @@ void test_locate_round_trip() {
           int64_t page = -1, entry = -1;
           CHECK(locate_checked(kv, b, pos, n_idx, t.num_pages, &page, &entry) == 0);
           CHECK(page == kv.page_of(b, pos) && entry == pos % ps);
+          // the kernel's decode-step path: request b's range read beforehand
+          int64_t page2 = -1, entry2 = -1;
+          CHECK(locate_in_range(kv, pos, t.indptr[b], t.indptr[b + 1], n_idx, t.num_pages, &page2, &entry2) == 0);
+          CHECK(page2 == page && entry2 == entry);
           CHECK(kv.offset(page, entry, 1) == kv.token_offset(b, pos, 1));
         }
         int64_t page = -7, entry = -7;
@@ -71,6 +75,10 @@ void test_locate_round_trip() {
         CHECK(locate_checked(kv, b, cap, n_idx, t.num_pages, &page, &entry) == kPageNotInTable);
         CHECK(locate_checked(kv, b, cap + 100 * ps, n_idx, t.num_pages, &page, &entry) == kPageNotInTable);
         CHECK(locate_checked(kv, b, -1, n_idx, t.num_pages, &page, &entry) == kBadPosition);
+        CHECK(locate_in_range(kv, cap, t.indptr[b], t.indptr[b + 1], n_idx, t.num_pages, &page, &entry) ==
+              kPageNotInTable);
+        CHECK(locate_in_range(kv, -1, t.indptr[b], t.indptr[b + 1], n_idx, t.num_pages, &page, &entry) ==
+              kBadPosition);
         CHECK(page == -7 && entry == -7);  // outputs untouched on failure
       }
       int64_t page = 0, entry = 0;
