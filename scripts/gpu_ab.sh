@@ -17,7 +17,7 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 export CUDACXX=${CUDACXX:-$(command -v nvcc)}
 : "${VARIANTS:?VARIANTS: lines of label|cuda flags}" "${MODULES:?MODULES: the modules a variant rebuilds}"
 : "${CASES:?CASES: a bench testlist}"
-ALL="_cuda _norm _activation _decode _cascade _rope _page _sampling"
+ALL="_cuda _norm _activation _decode _cascade _rope _page _prefill _sampling"
 t0=$(date +%s)
 configure() {  # build dir, extra CUDA flags
   cmake -S . -B "$1" -G Ninja -DFLASHINFER_BUILD_PYTHON=ON -DFLASHINFER_BUILD_TESTS=OFF \

@@ -1,0 +1,136 @@
+// _prefill: single-request prefill attention (flashinfer.prefill.single_prefill_with_kv_cache).
+// Checks, Params, launch; RoPE, mask packing and argument defaults live in the Python layer.
+#include <nanobind/stl/optional.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common.h"
+#include "dispatch_dtype.h"
+#include "prefill_inst.h"
+
+namespace fb = flashinfer_bind;
+namespace nb = nanobind;
+using namespace nb::literals;
+using flashinfer::attention::SinglePrefillParams;
+using fb::MutTensor;
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// q / k / v are read in 16-byte pieces: base 16-byte aligned, every stride a multiple of 8
+// elements (size-1 dimensions excepted).
+void check_vectors(const fb::Checker& c, const MutTensor& t, const char* name) {
+  bool ok = aligned16(t.data());
+  for (size_t i = 0; i + 1 < t.ndim(); ++i) ok = ok && (t.shape(i) <= 1 || t.stride(i) % 8 == 0);
+  if (!ok)
+    fb::fail(std::string(c.op) + ": " + name + " must be 16-byte aligned with strides that are multiples of 8 elements; "
+             "got strides " + fb::stride_str(t));
+}
+
+void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
+                    std::optional<MutTensor> mask, int layout, bool causal, int window_left, double sm_scale,
+                    double soft_cap, bool alibi, double v_scale, uintptr_t stream, bool enable_pdl) {
+  const fb::Checker c{"single_prefill_with_kv_cache"};
+  if (layout != 0 && layout != 1) fb::fail(std::string(c.op) + ": kv_layout must be 0 (NHD) or 1 (HND); got " + std::to_string(layout));
+  c.ndim_in(q, "q", {3}, "3-D [qo_len, num_qo_heads, head_dim]");
+  const fb::DType dt = c.dtype_half(q, "q");
+  const char* kv_what = layout == 1 ? "3-D [num_kv_heads, kv_len, head_dim] (HND)" : "3-D [kv_len, num_kv_heads, head_dim] (NHD)";
+  c.ndim_in(k, "k", {3}, kv_what);
+  c.ndim_in(v, "v", {3}, kv_what);
+  c.dtype_is(k, "k", dt);
+  c.dtype_is(v, "v", dt);
+  c.last_contiguous(q, "q");
+  c.last_contiguous(k, "k");
+  c.last_contiguous(v, "v");
+  const int hn = layout == 1 ? 0 : 1, ln = layout == 1 ? 1 : 0;
+  const int64_t qo_len = q.shape(0), hq = q.shape(1), dqk = q.shape(2);
+  const int64_t kv_len = k.shape(ln), hkv = k.shape(hn), dvo = v.shape(2);
+  c.dim_is(k, "k", 2, dqk, "q.shape[-1] (head_dim_qk)");
+  c.dim_is(v, "v", ln, kv_len, "k's kv_len");
+  c.dim_is(v, "v", hn, hkv, "k's num_kv_heads");
+  if (!flashinfer::attention::prefill_head_dims_supported(static_cast<int>(dqk), static_cast<int>(dvo)))
+    fb::fail(std::string(c.op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); "
+             "got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
+  if (hkv <= 0 || hq % hkv != 0)
+    fb::fail(std::string(c.op) + ": num_qo_heads (" + std::to_string(hq) + ") must be a multiple of num_kv_heads (" +
+             std::to_string(hkv) + ")");
+  c.ndim_in(out, "out", {3}, "3-D [qo_len, num_qo_heads, head_dim_vo]");
+  c.dim_is(out, "out", 0, qo_len, "qo_len");
+  c.dim_is(out, "out", 1, hq, "num_qo_heads");
+  c.dim_is(out, "out", 2, dvo, "v.shape[-1] (head_dim_vo)");
+  c.dtype_is(out, "out", dt);
+  c.last_contiguous(out, "out");
+  if (lse) {
+    c.ndim_in(*lse, "lse", {2}, "2-D [qo_len, num_qo_heads]");
+    c.dim_is(*lse, "lse", 0, qo_len, "qo_len");
+    c.dim_is(*lse, "lse", 1, hq, "num_qo_heads");
+    c.dtype_is(*lse, "lse", fb::DType::kF32);
+    if ((qo_len > 1 && lse->stride(0) != hq) || (hq > 1 && lse->stride(1) != 1))
+      fb::fail(std::string(c.op) + ": lse must be contiguous; got strides " + fb::stride_str(*lse));
+  }
+  if (mask) {
+    c.ndim_in(*mask, "packed_custom_mask", {1}, "1-D uint8 (bits packed little-endian)");
+    c.dtype_is(*mask, "packed_custom_mask", fb::DType::kU8);
+    const int64_t need = (qo_len * kv_len + 7) / 8;
+    if (static_cast<int64_t>(mask->shape(0)) < need)
+      fb::fail(std::string(c.op) + ": packed_custom_mask must hold ceil(qo_len * kv_len / 8) = " + std::to_string(need) +
+               " bytes; got " + std::to_string(mask->shape(0)));
+    if (mask->shape(0) > 1 && mask->stride(0) != 1)
+      fb::fail(std::string(c.op) + ": packed_custom_mask must be contiguous; got stride " + std::to_string(mask->stride(0)));
+  }
+  if (window_left < -1) fb::fail(std::string(c.op) + ": window_left must be >= -1; got " + std::to_string(window_left));
+  check_vectors(c, q, "q");
+  check_vectors(c, k, "k");
+  check_vectors(c, v, "v");
+  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
+      (out.shape(1) > 1 && out.stride(1) % 2))
+    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+  if (qo_len * (hq / hkv) > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows ||
+      kv_len > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillKeys || hkv > 65535)
+    fb::fail(std::string(c.op) + ": qo_len * group_size and kv_len must be < 2^31 and num_kv_heads <= 65535");
+  const int dev = c.cuda_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
+  if (lse) c.cuda_device({{&q, "q"}, {&*lse, "lse"}});
+  if (mask) c.cuda_device({{&q, "q"}, {&*mask, "packed_custom_mask"}});
+  if (qo_len == 0 || hq == 0) return;
+  fb::DeviceGuard guard(c.op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(c.op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    SinglePrefillParams<T> p{};
+    p.q = static_cast<const T*>(q.data());
+    p.k = static_cast<const T*>(k.data());
+    p.v = static_cast<const T*>(v.data());
+    p.o = static_cast<T*>(out.data());
+    p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
+    p.mask = mask ? static_cast<const uint8_t*>(mask->data()) : nullptr;
+    p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
+    p.k_stride_n = k.stride(ln), p.k_stride_h = k.stride(hn);
+    p.v_stride_n = v.stride(ln), p.v_stride_h = v.stride(hn);
+    p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
+    p.qo_len = qo_len, p.kv_len = kv_len;
+    p.num_qo_heads = static_cast<int>(hq), p.num_kv_heads = static_cast<int>(hkv);
+    p.head_dim_qk = static_cast<int>(dqk), p.head_dim_vo = static_cast<int>(dvo);
+    p.causal = causal && !mask;
+    p.window_left = window_left;
+    p.sm_scale = static_cast<float>(sm_scale);
+    p.soft_cap = soft_cap > 0 ? static_cast<float>(soft_cap) : 0.f;
+    p.alibi = alibi;
+    p.v_scale = static_cast<float>(v_scale);
+    p.pdl = pdl;
+    const cudaError_t err = flashinfer::attention::SinglePrefill(p, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(c.op, err);
+  });
+}
+
+}  // namespace
+
+NB_MODULE(_prefill, m) {
+  flashinfer_bind::register_argument_error();
+  m.doc() = "flashinfer prefill attention kernels (DLPack tensors; see flashinfer.prefill)";
+  m.def("single_prefill", &single_prefill, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mask"_a.none(), "kv_layout"_a,
+        "causal"_a, "window_left"_a, "sm_scale"_a, "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
+  m.def("supported_dtypes", &fb::supported_dtypes);
+}

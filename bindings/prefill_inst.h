@@ -1,0 +1,16 @@
+// Declarations of the prefill launchers that bindings/prefill_kernels.cu instantiates; the
+// binding never parses a kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "flashinfer/attention/prefill.h"
+
+namespace flashinfer {
+namespace attention {
+template <typename T>
+cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream);
+}  // namespace attention
+}  // namespace flashinfer

@@ -1,0 +1,9 @@
+// The prefill family's kernels, for fp16 and bf16.
+#include "flashinfer/attention/prefill.cuh"
+
+namespace flashinfer {
+namespace attention {
+template cudaError_t SinglePrefill<__half>(const SinglePrefillParams<__half>&, cudaStream_t);
+template cudaError_t SinglePrefill<__nv_bfloat16>(const SinglePrefillParams<__nv_bfloat16>&, cudaStream_t);
+}  // namespace attention
+}  // namespace flashinfer

@@ -1,0 +1,364 @@
+// Prefill attention on tensor cores (sm_80+), FlashAttention-2 style: a CTA of kPrefillWarps
+// warps owns prefill_rows(m_tiles) packed query rows of one KV head (prefill.h), 16 x m_tiles
+// per warp. The Q tile and double-buffered K / V tiles of kPrefillKeys keys stream into
+// XOR-swizzled shared memory by cp.async; each warp computes its scores with m16n8k16 MMAs (Q
+// rows as A, K rows as the col-major B), keeps an online softmax per row in registers (log2
+// units), turns the probabilities into A fragments in place and accumulates O += P V (V through
+// ldmatrix.trans).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../cp_async.cuh"
+#include "../math.cuh"
+#include "../mma.cuh"
+#include "../utils.cuh"
+#include "decode.cuh"
+#include "prefill.h"
+#include "state.h"
+
+namespace flashinfer {
+namespace attention {
+namespace detail {
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRowBytes-byte rows, XOR-swizzled
+// by row % 8 so the 8 rows one ldmatrix phase reads sit in 8 different bank groups.
+template <int kRowBytes>
+FLASHINFER_DEVICE uint32_t prefill_swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// Copies kKeys rows of kRowBytes bytes (row r at src + r * stride_n elements) into a
+// swizzled tile; rows >= valid become zeros. Thread t moves 16-byte chunk t % kChunks of rows
+// t / kChunks + k * (threads / kChunks), its source pointer stepping by a precomputed stride.
+template <int kRowBytes, int kKeys, typename T>
+FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride_n, int valid) {
+  constexpr int kChunks = kRowBytes / 16;
+  const int tid = threadIdx.x;
+  if constexpr (kPrefillThreads % kChunks == 0) {
+    constexpr int kStep = kPrefillThreads / kChunks;  // rows per pass
+    const int c = tid % kChunks, r0 = tid / kChunks;
+    const T* s = src + r0 * stride_n + c * 8;
+    const int64_t step = kStep * stride_n;
+    FLASHINFER_UNROLL
+    for (int i = 0; i < kKeys / kStep; ++i) {
+      const int r = r0 + i * kStep;
+      cp_async::copy16_or_zero(dst + prefill_swz<kRowBytes>(r, c), r < valid ? s : src, r < valid);
+      s += step;
+    }
+  } else {
+    FLASHINFER_UNROLL
+    for (int i = tid; i < kKeys * kChunks; i += kPrefillThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      cp_async::copy16_or_zero(dst + prefill_swz<kRowBytes>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
+                               r < valid);
+    }
+  }
+}
+
+// 2^x by the special-function unit (ex2.approx.ftz: 2^-inf = 0, ~2 ulp), as the softmax needs.
+FLASHINFER_DEVICE float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+}  // namespace detail
+
+// kMT: 16-row M tiles per warp (prefill_m_tiles): each K / V fragment read from shared memory
+// feeds kMT MMAs.
+template <typename T, int kDQK, int kDVO, int kMT>
+__global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const SinglePrefillParams<T> p) {
+  static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
+  constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
+  constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
+  constexpr int kKeys = kPrefillKeys;               // keys per stage
+  constexpr int kNT = kKeys / 8;                    // 8-key score tiles
+  constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
+  FLASHINFER_EXTERN_SHARED uint4 prefill_smem[];
+  char* sQ = reinterpret_cast<char*>(prefill_smem);
+  char* sK = sQ + kRows * kRowQK;
+  char* sV = sK + 2 * kKeys * kRowQK;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int grp = lane >> 2, tig = lane & 3;
+  const int group = p.num_qo_heads / p.num_kv_heads, kv_head = blockIdx.y;
+  const int64_t rows = p.qo_len * group, delta = p.kv_len - p.qo_len;
+  // causal: the tiles of later rows see more keys; start them first
+  const int64_t tile = p.causal && !p.mask ? int64_t{gridDim.x} - 1 - blockIdx.x : int64_t{blockIdx.x};
+  const int64_t pr0 = tile * kRows;
+  const int64_t pr_end = pr0 + kRows < rows ? pr0 + kRows : rows;
+  const KeyRange kr = prefill_key_range(pr0, pr_end, group, p.qo_len, p.kv_len, p.causal, p.window_left, p.mask != nullptr);
+  const int64_t kv_first = kr.begin / kKeys * kKeys;
+  const int64_t n_tiles = kr.end > kv_first ? ceil_div<int64_t>(kr.end - kv_first, kKeys) : 0;
+
+  // This thread's rows: grp and grp + 8 of each of its warp's M tiles. Their tokens and q heads
+  // are recomputed where needed (masked tiles, the epilogue) rather than kept in registers.
+  const int64_t my_pr0 = pr0 + warp * kWarpRows + grp;
+  auto row_of = [&](int mt, int h) { return my_pr0 + mt * 16 + 8 * h; };
+  auto token_of = [&](int64_t pr) { return static_cast<int>((pr < rows ? pr : rows - 1) / group); };
+  const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(p.kv_len);
+  const bool soft_cap = p.soft_cap > 0.f;
+  const bool plain = !soft_cap && !p.alibi;
+  const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
+  const float cap_log2 = p.soft_cap * detail::kLog2e;
+
+  pdl_wait();
+  // Q tile: packed row r = token * group + (q head - kv_head * group); rows past the end are zero.
+  for (int i = tid; i < kRows * kChunksQK; i += kPrefillThreads) {
+    const int r = i / kChunksQK, c = i % kChunksQK;
+    const int64_t pr = pr0 + r;
+    const bool ok = pr < rows;
+    const int64_t t = ok ? pr / group : 0;
+    const int64_t head = kv_head * group + (ok ? pr - t * group : 0);
+    cp_async::copy16_or_zero(sQ + detail::prefill_swz<kRowQK>(r, c), p.q + t * p.q_stride_n + head * p.q_stride_h + c * 8,
+                             ok);
+  }
+  auto load_kv = [&](int stage, int64_t kv0) {
+    const int valid = static_cast<int>(p.kv_len - kv0 < kKeys ? p.kv_len - kv0 : kKeys);
+    detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
+                                      p.k + kv0 * p.k_stride_n + int64_t{kv_head} * p.k_stride_h, p.k_stride_n, valid);
+    detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
+                                      p.v + kv0 * p.v_stride_n + int64_t{kv_head} * p.v_stride_h, p.v_stride_n, valid);
+  };
+  if (n_tiles > 0) load_kv(0, kv_first);
+  cp_async::commit();
+
+  float o[kMT][kDVO / 8][4];
+  float m[kMT][2], d[kMT][2];
+  FLASHINFER_UNROLL
+  for (int mt = 0; mt < kMT; ++mt) {
+    FLASHINFER_UNROLL
+    for (int n = 0; n < kDVO / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    m[mt][0] = m[mt][1] = neg_inf();
+    d[mt][0] = d[mt][1] = 0.f;
+  }
+  // The warp's tokens, for deciding whether a tile needs per-key masking.
+  const int64_t w_pr0 = pr0 + warp * kWarpRows;
+  const int64_t w_last = w_pr0 + kWarpRows - 1 < rows ? w_pr0 + kWarpRows - 1 : rows - 1;
+  const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
+
+  for (int64_t it = 0; it < n_tiles; ++it) {
+    const int64_t kv0 = kv_first + it * kKeys;
+    if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
+    cp_async::commit();
+    cp_async::wait(1);
+    __syncthreads();
+    const char* ks = sK + (it & 1) * kKeys * kRowQK;
+    const char* vs = sV + (it & 1) * kKeys * kRowVO;
+
+    // S = Q K^T: kMT x 16 rows x kKeys keys per warp.
+    float sc[kMT][kNT][4];
+    FLASHINFER_UNROLL
+    for (int mt = 0; mt < kMT; ++mt) {
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
+    }
+    FLASHINFER_UNROLL
+    for (int kstep = 0; kstep < kDQK / 16; ++kstep) {
+      uint32_t a[kMT][4];
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt)
+        mma::ldmatrix_x4(a[mt], sQ + detail::prefill_swz<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
+                                                                     ((lane >> 3) & 1) * 8,
+                                                                 2 * kstep + (lane >> 4)));
+      FLASHINFER_UNROLL
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, ks + detail::prefill_swz<kRowQK>(np * 16 + (lane & 7) + (lane >> 4) * 8,
+                                                             2 * kstep + ((lane >> 3) & 1)));
+        FLASHINFER_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::mma_16816<T>(sc[mt][2 * np], a[mt], b);
+          mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
+        }
+      }
+    }
+
+    // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
+    // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
+    // custom mask) the general path, key indices in 32 bits (validate()).
+    const bool full = kv0 + kKeys <= p.kv_len && !p.mask &&
+                      !(p.causal && kv0 + kKeys - 1 > w_tok_lo + delta) &&
+                      !(p.window_left >= 0 && kv0 < w_tok_hi + delta - p.window_left);
+    if (full && plain) {
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kNT; ++n) {
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 4; ++e) sc[mt][n][e] *= s_scale;
+        }
+      }
+    } else {
+      // Per row: the visible keys [lo, hi) (window, causal, kv_len), its ALiBi slope, and
+      // with a custom mask the row's first bit; then one select per score.
+      const int j0 = static_cast<int>(kv0) + tig * 2;
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        FLASHINFER_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int64_t pr = row_of(mt, h);
+          const int t = token_of(pr);
+          const int diag = t + delta32;
+          const int lo = p.window_left >= 0 ? diag - p.window_left : 0;
+          const int hi = p.causal && !p.mask && diag + 1 < kv_len32 ? diag + 1 : kv_len32;  // (a mask replaces causal)
+          const int head = kv_head * group + static_cast<int>((pr < rows ? pr : rows - 1) - int64_t{t} * group);
+          const float slope = p.alibi ? detail::alibi_slope(head, p.num_qo_heads) * detail::kLog2e : 0.f;
+          const int64_t mbase = int64_t{t} * kv_len32;
+          FLASHINFER_UNROLL
+          for (int n = 0; n < kNT; ++n) {
+            FLASHINFER_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const int j = j0 + n * 8 + e;
+              float x = sc[mt][n][2 * h + e] * s_scale;
+              if (soft_cap) x = cap_log2 * tanhf(x);
+              x += slope * static_cast<float>(j - t);
+              bool ok = j >= lo && j < hi;
+              if (p.mask) ok = ok && ((p.mask[(mbase + j) >> 3] >> ((mbase + j) & 7)) & 1);
+              sc[mt][n][2 * h + e] = ok ? x : neg_inf();
+            }
+          }
+        }
+      }
+    }
+
+    // Online softmax per row; the row's 4 lanes (one quad) share its max.
+    FLASHINFER_UNROLL
+    for (int mt = 0; mt < kMT; ++mt) {
+      FLASHINFER_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        float mx = neg_inf();
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][h], mx);
+        const float base = m_new == neg_inf() ? 0.f : m_new;  // nothing seen yet: every p is 0
+        const float alpha = detail::fast_exp2(m[mt][h] - base);
+        m[mt][h] = m_new;
+        float sum = 0.f;
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kNT; ++n) {
+          FLASHINFER_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const float pv = detail::fast_exp2(sc[mt][n][2 * h + e] - base);
+            sc[mt][n][2 * h + e] = pv;
+            sum += pv;
+          }
+        }
+        d[mt][h] = d[mt][h] * alpha + sum;
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kDVO / 8; ++n) {
+          o[mt][n][2 * h] *= alpha;
+          o[mt][n][2 * h + 1] *= alpha;
+        }
+      }
+    }
+
+    // O += P V: the score accumulators of keys 16 kk .. 16 kk + 15 are the A fragment of k-step kk.
+    FLASHINFER_UNROLL
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t a[kMT][4];
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+        a[mt][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+        a[mt][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+        a[mt][3] = mma::pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+      }
+      FLASHINFER_UNROLL
+      for (int dp = 0; dp < kDVO / 16; ++dp) {
+        uint32_t b[4];
+        mma::ldmatrix_x4_trans(b, vs + detail::prefill_swz<kRowVO>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                                   2 * dp + (lane >> 4)));
+        FLASHINFER_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::mma_16816<T>(o[mt][2 * dp], a[mt], b);
+          mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b + 2);
+        }
+      }
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's copies
+  }
+  cp_async::wait(0);
+
+  // Epilogue: o / d (times v_scale), lse = m + log2(d); a row with no key: o = 0, lse = -inf.
+  FLASHINFER_UNROLL
+  for (int mt = 0; mt < kMT; ++mt) {
+    FLASHINFER_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float den = d[mt][h];
+      den += __shfl_xor_sync(0xffffffffu, den, 1);
+      den += __shfl_xor_sync(0xffffffffu, den, 2);
+      const int64_t pr = row_of(mt, h);
+      if (pr >= rows) continue;
+      const int64_t t = pr / group;
+      const int qh = kv_head * group + static_cast<int>(pr - t * group);
+      const float inv = den > 0.f ? p.v_scale / den : 0.f;
+      T* orow = p.o + t * p.o_stride_n + int64_t{qh} * p.o_stride_h;
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kDVO / 8; ++n) {
+        const uint32_t w = mma::pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + n * 8 + tig * 2) = w;
+      }
+      if (p.lse && tig == 0)
+        p.lse[t * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// The kernel of one (head_dim_qk, head_dim_vo, m_tiles) choice (null: not built).
+template <typename T>
+using SinglePrefillKernelPtr = void (*)(const SinglePrefillParams<T>);
+template <typename T>
+SinglePrefillKernelPtr<T> single_prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
+  const bool two = m_tiles == 2;
+  if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
+  if (head_dim_qk == 64 && head_dim_vo == 64) return two ? SinglePrefillKernel<T, 64, 64, 2> : SinglePrefillKernel<T, 64, 64, 1>;
+  if (head_dim_qk == 128 && head_dim_vo == 128)
+    return two ? SinglePrefillKernel<T, 128, 128, 2> : SinglePrefillKernel<T, 128, 128, 1>;
+  if (head_dim_qk == 256 && head_dim_vo == 256) return SinglePrefillKernel<T, 256, 256, 1>;
+  if (head_dim_qk == 192 && head_dim_vo == 128) return SinglePrefillKernel<T, 192, 128, 1>;
+  return nullptr;
+}
+
+namespace detail {
+template <typename T, int kDQK, int kDVO, int kMT>
+cudaError_t launch_single_prefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
+  constexpr SinglePrefillKernelPtr<T> kKernel = SinglePrefillKernel<T, kDQK, kDVO, kMT>;
+  const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, kMT);
+  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO, kMT));
+  FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
+  return launch(kKernel, dim3(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads)),
+                dim3(kPrefillThreads), smem, stream, p.pdl, p);
+}
+}  // namespace detail
+
+// Launches single-request prefill on `stream` (T: __half or __nv_bfloat16).
+template <typename T>
+cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (p.qo_len == 0 || p.num_qo_heads == 0) return cudaSuccess;
+  DeviceInfo info;
+  FLASHINFER_CUDA_TRY(current_device_info(&info));
+  const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
+  const bool two = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, dqk, dvo, info.num_sms) == 2;
+  if (dqk == 64 && dvo == 64)
+    return two ? detail::launch_single_prefill<T, 64, 64, 2>(p, stream)
+               : detail::launch_single_prefill<T, 64, 64, 1>(p, stream);
+  if (dqk == 128 && dvo == 128)
+    return two ? detail::launch_single_prefill<T, 128, 128, 2>(p, stream)
+               : detail::launch_single_prefill<T, 128, 128, 1>(p, stream);
+  if (dqk == 256 && dvo == 256) return detail::launch_single_prefill<T, 256, 256, 1>(p, stream);
+  if (dqk == 192 && dvo == 128) return detail::launch_single_prefill<T, 192, 128, 1>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace attention
+}  // namespace flashinfer

@@ -1,0 +1,127 @@
+// Prefill attention (many query rows against one request's keys): parameters, validation and
+// launch arithmetic. Pure C++17; the kernel is in prefill.cuh.
+//
+// The score of query row i (token i of qo_len) and key j (of kv_len) for q head h, in the
+// kernel's log2 units (spec §1.0): x = q_i . k_j in fp32, s = sm_scale * x, or with a soft cap
+// s = cap * tanh(sm_scale * x / cap); ALiBi adds slope_h * (j - i). With d = kv_len - qo_len
+// (bottom-right alignment), causal drops keys j > i + d, a sliding window (window_left >= 0)
+// keys j < i + d - window_left, a custom mask the keys whose bit (i * kv_len + j, packed
+// little-endian within each byte) is 0 (it replaces causal; the window still applies).
+// o_i = softmax(s) . v (times v_scale); lse_i = log2(sum exp(s)) (base 2, spec); a row with no
+// key gives o = 0 and lse = -inf.
+//
+// Work: GQA packs the group: KV head kh serves q heads kh * g .. kh * g + g - 1, and the
+// kernel sees qo_len * g "packed rows" pr = token * g + (q head - kh * g) per KV head, in tiles
+// of kPrefillRows; a CTA runs one (row tile, KV head) pair over the keys its rows can see.
+#pragma once
+
+#include <cstdint>
+
+#include "../config.h"
+#include "../status.h"
+
+namespace flashinfer {
+namespace attention {
+
+constexpr int kPrefillWarps = 4;
+constexpr int kPrefillThreads = kPrefillWarps * 32;
+constexpr int kPrefillKeys = 64;      // keys per pipeline stage
+constexpr int kPrefillMaxRows = 128;  // packed rows per CTA, at most
+
+// 16-row MMA tiles per warp. Two where the output accumulators fit the registers twice (head
+// dims up to 128): every K / V fragment read from shared memory then feeds two MMAs. H200,
+// bf16, 32 / 8 heads x 128, causal: 16384 tokens 8200 -> 6720 us, 4096 tokens 568 -> 548
+// (benchmarks/NOTES.md, session 17). But CTAs of twice the rows are half as many: below two
+// CTAs per SM the grid runs short of work (128 x 4096: 96 -> 146 us), so one tile there.
+FLASHINFER_HOST_DEVICE constexpr int prefill_max_m_tiles(int head_dim_qk, int head_dim_vo) {
+  return head_dim_qk <= 128 && head_dim_vo <= 128 ? 2 : 1;
+}
+FLASHINFER_HOST_DEVICE constexpr int prefill_rows(int m_tiles) { return kPrefillWarps * 16 * m_tiles; }
+FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int num_kv_heads, int head_dim_qk,
+                                           int head_dim_vo, int num_sms) {
+  if (prefill_max_m_tiles(head_dim_qk, head_dim_vo) < 2 || num_kv_heads <= 0) return 1;
+  const int64_t rows = qo_len * (num_qo_heads / num_kv_heads);
+  const int64_t ctas = ceil_div<int64_t>(rows, prefill_rows(2)) * num_kv_heads;
+  return ctas >= int64_t{2} * num_sms ? 2 : 1;
+}
+
+template <typename T>
+struct SinglePrefillParams {
+  const T* q;  // [qo_len, num_qo_heads, head_dim_qk] via q_stride_n / q_stride_h (elements)
+  const T* k;  // [kv_len, num_kv_heads, head_dim_qk] via k_stride_n / k_stride_h (NHD or HND)
+  const T* v;  // [kv_len, num_kv_heads, head_dim_vo] via v_stride_n / v_stride_h
+  T* o;        // [qo_len, num_qo_heads, head_dim_vo] via o_stride_n / o_stride_h
+  float* lse;  // [qo_len, num_qo_heads] contiguous, or null
+  const uint8_t* mask;  // custom mask bits (qo_len * kv_len, little-endian in each byte), or null
+  int64_t q_stride_n, q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h, o_stride_n, o_stride_h;
+  int64_t qo_len, kv_len;
+  int num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo;
+  bool causal;
+  int window_left;   // -1: no window
+  float sm_scale;
+  float soft_cap;    // 0: none
+  bool alibi;
+  float v_scale;     // multiplies o (not lse)
+  bool pdl;
+};
+
+// The head-dim pairs the kernels are built for.
+FLASHINFER_HOST_DEVICE constexpr bool prefill_head_dims_supported(int head_dim_qk, int head_dim_vo) {
+  return (head_dim_qk == head_dim_vo && (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256)) ||
+         (head_dim_qk == 192 && head_dim_vo == 128);
+}
+
+// Dynamic shared memory of one CTA: the Q tile and two stages of K and V tiles.
+FLASHINFER_HOST_DEVICE constexpr int64_t prefill_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
+                                                            int elem_bytes = 2) {
+  return int64_t{elem_bytes} *
+         (int64_t{prefill_rows(m_tiles)} * head_dim_qk + 2 * int64_t{kPrefillKeys} * (head_dim_qk + head_dim_vo));
+}
+
+// Keys [begin, end) that packed rows [pr_begin, pr_end) can see (end <= begin: none).
+struct KeyRange {
+  int64_t begin, end;
+};
+FLASHINFER_HOST_DEVICE KeyRange prefill_key_range(int64_t pr_begin, int64_t pr_end, int group, int64_t qo_len,
+                                                        int64_t kv_len, bool causal, int window_left, bool has_mask) {
+  const int64_t t_lo = pr_begin / group, t_hi = (pr_end - 1) / group;  // tokens of the rows
+  const int64_t delta = kv_len - qo_len;
+  int64_t end = kv_len, begin = 0;
+  if (causal && !has_mask) end = t_hi + delta + 1 < kv_len ? t_hi + delta + 1 : kv_len;
+  if (window_left >= 0) {
+    const int64_t lo = t_lo + delta - window_left;
+    begin = lo > 0 ? lo : 0;
+  }
+  if (end < 0) end = 0;
+  return {begin, end};
+}
+
+// Grid: row tiles of prefill_rows packed rows (x) x KV heads (y).
+struct PrefillGrid {
+  int64_t row_tiles;
+  int kv_heads;
+};
+FLASHINFER_HOST_DEVICE PrefillGrid prefill_grid(int64_t qo_len, int num_qo_heads, int num_kv_heads, int m_tiles) {
+  const int64_t group = num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0;
+  return {ceil_div<int64_t>(qo_len * group, prefill_rows(m_tiles)), num_kv_heads};
+}
+
+template <typename T>
+Status validate(const SinglePrefillParams<T>& p) {
+  if (p.qo_len < 0 || p.kv_len < 0 || p.num_qo_heads < 0 || p.num_kv_heads <= 0) return Status::kInvalidArgument;
+  if (p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
+  if (!prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo)) return Status::kUnsupported;
+  if (p.window_left < -1) return Status::kInvalidArgument;
+  if (!(p.sm_scale == p.sm_scale) || p.soft_cap < 0.f) return Status::kInvalidArgument;
+  if (p.qo_len == 0 || p.num_qo_heads == 0) return Status::kSuccess;
+  if (!p.q || !p.o || (p.kv_len > 0 && (!p.k || !p.v))) return Status::kInvalidArgument;
+  // packed rows and keys are 32-bit in the kernel; the grid's x dimension is < 2^31
+  const int64_t group = p.num_qo_heads / p.num_kv_heads;
+  if (p.qo_len * group > (int64_t{1} << 31) - 1 - kPrefillMaxRows || p.kv_len > (int64_t{1} << 31) - 1 - kPrefillKeys)
+    return Status::kUnsupported;
+  if (p.num_kv_heads > 65535) return Status::kUnsupported;
+  return Status::kSuccess;
+}
+
+}  // namespace attention
+}  // namespace flashinfer

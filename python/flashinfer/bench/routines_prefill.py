@@ -1,0 +1,98 @@
+"""Bench routine for prefill attention: ``single_prefill`` (one request, contiguous K/V).
+
+FLOPs = 2 * (head_dim_qk + head_dim_vo) * num_qo_heads * (visible query-key pairs): QK^T and PV,
+a multiply-add counting 2; without a mask every pair is visible (4 * qo_len * kv_len * H * D
+when the head dims are equal), with ``--causal`` (bottom-right) row i sees min(kv_len, i +
+kv_len - qo_len + 1) keys, about half the pairs when qo_len == kv_len. Reported as TFLOP/s and
+as the fraction of the 775 TFLOP/s bf16 GEMM ceiling (timing.MATMUL_CEILING_TFLOPS). The
+PyTorch reference is ``F.scaled_dot_product_attention(..., enable_gqa=True)`` on [1, H, L, D]
+copies made beforehand (not timed), ``is_causal`` when qo_len == kv_len, else the bottom-right
+mask as a boolean ``attn_mask``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import flashinfer
+
+from .routines import Case, _dtype, register
+
+
+def _add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("single_prefill")
+
+    def add(flag, **kw):  # flags other families also define are added once
+        if flag not in p._option_string_actions:
+            g.add_argument(flag, **kw)
+
+    add("--qo-len", type=int, default=4096, help="single_prefill: query rows")
+    add("--kv-len", type=int, default=4096)
+    add("--num-qo-heads", type=int, default=32)
+    add("--num-kv-heads", type=int, default=8)
+    add("--head-dim", type=int, default=128)
+    add("--head-dim-vo", type=int, default=0, help="single_prefill: head_dim of v and o (0: --head-dim)")
+    add("--causal", action="store_true", help="single_prefill: bottom-right causal mask")
+    add("--kv-layout", default="NHD", choices=["NHD", "HND"])
+    add("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE")
+
+
+def visible_pairs(qo_len: int, kv_len: int, causal: bool) -> int:
+    """(query row, key) pairs the attention computes: all of them, or under the bottom-right causal
+    mask sum_i clamp(i + kv_len - qo_len + 1, 0, kv_len) (row i < qo_len never passes kv_len)."""
+    if not causal:
+        return qo_len * kv_len
+    delta = kv_len - qo_len
+    lo = max(0, -delta)  # rows before lo see no key; row i >= lo sees i + delta + 1
+    n = qo_len - lo
+    return n * (lo + delta + 1) + n * (n - 1) // 2
+
+
+def single_prefill(torch, args) -> Case:
+    qo, kv = args.qo_len, args.kv_len
+    hq, hkv, d = args.num_qo_heads, args.num_kv_heads, args.head_dim
+    dvo = args.head_dim_vo or d
+    causal, layout, pos = args.causal, args.kv_layout, args.pos_encoding_mode
+    dt = _dtype(torch, args.dtype)
+    q = torch.randn(qo, hq, d, dtype=dt, device="cuda")
+    k = torch.randn(kv, hkv, d, dtype=dt, device="cuda")
+    v = torch.randn(kv, hkv, dvo, dtype=dt, device="cuda")
+    # reference inputs [1, H, L, D], contiguous
+    qs, ks, vs = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+    if layout == "HND":
+        k, v = ks[0], vs[0]
+    F = torch.nn.functional
+    if causal and qo != kv:
+        mask = torch.ones(qo, kv, dtype=torch.bool, device="cuda").tril(kv - qo)
+        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)  # noqa: E731
+    else:
+        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)  # noqa: E731
+
+    def ours():
+        return flashinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, pos_encoding_mode=pos)
+
+    flops = 2 * (d + dvo) * hq * visible_pairs(qo, kv, causal)
+    tag = (" causal" if causal else "") + (" HND" if layout == "HND" else "")
+    tag += "" if pos == "NONE" else " " + pos.lower()
+    dims = f"{d}" if dvo == d else f"{d}/{dvo}"
+    return Case("single_prefill", f"{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, ours, None, ref,
+                "SDPA enable_gqa", flops=flops)
+
+
+register(
+    {"single_prefill": single_prefill},
+    [
+        "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
+        "--causal",
+        "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128",
+        "--routine single_prefill --qo-len 512 --kv-len 16384 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
+        "--causal",
+        "--routine single_prefill --qo-len 8192 --kv-len 8192 --num-qo-heads 32 --num-kv-heads 32 --head-dim 64 "
+        "--causal",
+        "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 16 --num-kv-heads 4 --head-dim 256 "
+        "--causal",
+        "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 128 --num-kv-heads 128 --head-dim 192 "
+        "--head-dim-vo 128 --causal",
+    ],
+    _add_args,
+)

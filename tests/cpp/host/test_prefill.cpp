@@ -1,0 +1,124 @@
+// attention/prefill.h: the key range a tile of packed rows can see (against a direct scan of
+// the mask rules), the grid, shared-memory sizes and validate().
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+
+#include "check.h"
+#include "flashinfer/attention/prefill.h"
+
+using namespace flashinfer::attention;
+
+namespace {
+
+// Does token `t` see key j? (spec §1.0 rule 5, with no custom mask)
+bool visible(int64_t t, int64_t j, int64_t qo_len, int64_t kv_len, bool causal, int window_left) {
+  const int64_t diag = t + kv_len - qo_len;
+  if (j < 0 || j >= kv_len) return false;
+  if (causal && j > diag) return false;
+  if (window_left >= 0 && j < diag - window_left) return false;
+  return true;
+}
+
+void test_key_range() {
+  for (int64_t qo_len : {1, 5, 64, 70, 130}) {
+    for (int64_t kv_len : {0, 1, 37, 64, 130, 300}) {
+      for (int group : {1, 3, 4}) {
+        for (bool causal : {false, true}) {
+          for (int wl : {-1, 0, 5, 100}) {
+            for (bool mask : {false, true}) {
+              const int64_t rows = qo_len * group;
+              for (int64_t pr0 = 0; pr0 < rows; pr0 += prefill_rows(1)) {
+                const int64_t pr1 = std::min(rows, pr0 + prefill_rows(1 + (pr0 / prefill_rows(1)) % 2));
+                const KeyRange r = prefill_key_range(pr0, pr1, group, qo_len, kv_len, causal, wl, mask);
+                CHECK(r.begin >= 0 && r.end <= kv_len);
+                // every key some row of the tile sees lies in [begin, end)
+                for (int64_t pr = pr0; pr < pr1; ++pr) {
+                  const int64_t t = pr / group;
+                  for (int64_t j = 0; j < kv_len; ++j) {
+                    // a custom mask replaces causal: any key may be visible
+                    const bool vis = visible(t, j, qo_len, kv_len, causal && !mask, wl);
+                    if (vis) CHECK(j >= r.begin && j < r.end);
+                  }
+                }
+                // and the range is tight: its first and last keys are seen by some row
+                if (r.end > r.begin) {
+                  bool first = false, last = false;
+                  for (int64_t pr = pr0; pr < pr1; ++pr) {
+                    const int64_t t = pr / group;
+                    first = first || visible(t, r.begin, qo_len, kv_len, causal && !mask, wl);
+                    last = last || visible(t, r.end - 1, qo_len, kv_len, causal && !mask, wl);
+                  }
+                  CHECK(first && last);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void test_grid_and_smem() {
+  CHECK(prefill_rows(1) == 64 && prefill_rows(2) == 128 && prefill_rows(2) == kPrefillMaxRows);
+  CHECK(prefill_grid(1, 32, 8, 1).row_tiles == 1 && prefill_grid(1, 32, 8, 1).kv_heads == 8);
+  CHECK(prefill_grid(16, 32, 8, 1).row_tiles == 1);  // 16 tokens x 4 heads = 64 packed rows
+  CHECK(prefill_grid(17, 32, 8, 1).row_tiles == 2);
+  CHECK(prefill_grid(17, 32, 8, 2).row_tiles == 1);
+  CHECK(prefill_grid(4096, 28, 4, 1).row_tiles == 4096 * 7 / 64);
+  CHECK(prefill_grid(4096, 28, 4, 2).row_tiles == 4096 * 7 / 128);
+  // Q tile + two stages of K and V tiles, 2-byte elements
+  CHECK(prefill_smem_bytes(128, 128, 1) == 2 * (64 * 128 + 2 * 64 * 256));
+  CHECK(prefill_smem_bytes(128, 128, 2) == 2 * (128 * 128 + 2 * 64 * 256));
+  CHECK(prefill_smem_bytes(256, 256, 1) <= 227 * 1024);  // fits an sm_90 CTA
+  CHECK(prefill_smem_bytes(192, 128, 1) == 2 * (64 * 192 + 2 * 64 * 320));
+  for (int dqk : {32, 64, 96, 128, 192, 256, 512})
+    for (int dvo : {64, 128, 256})
+      CHECK(prefill_head_dims_supported(dqk, dvo) ==
+            ((dqk == dvo && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dvo == 128)));
+  // two M tiles: head dims <= 128, and only where the grid of 128-row CTAs fills 2 per SM
+  CHECK(prefill_max_m_tiles(64, 64) == 2 && prefill_max_m_tiles(128, 128) == 2);
+  CHECK(prefill_max_m_tiles(256, 256) == 1 && prefill_max_m_tiles(192, 128) == 1);
+  CHECK(prefill_m_tiles(4096, 32, 8, 128, 128, 132) == 2);   // 1024 CTAs
+  CHECK(prefill_m_tiles(1024, 32, 8, 128, 128, 132) == 1);   // 256 < 264
+  CHECK(prefill_m_tiles(1056, 32, 8, 128, 128, 132) == 2);   // 33 x 8 = 264
+  CHECK(prefill_m_tiles(128, 32, 8, 128, 128, 132) == 1);
+  CHECK(prefill_m_tiles(16384, 32, 8, 256, 256, 132) == 1);
+  CHECK(prefill_m_tiles(16384, 32, 8, 192, 128, 132) == 1);
+}
+
+void test_validate() {
+  using flashinfer::Status;
+  SinglePrefillParams<uint16_t> p{};
+  static uint16_t buf[16];
+  p.q = p.k = p.v = buf;
+  p.o = buf;
+  p.qo_len = 4, p.kv_len = 9, p.num_qo_heads = 8, p.num_kv_heads = 2, p.head_dim_qk = p.head_dim_vo = 128;
+  p.window_left = -1, p.sm_scale = 0.1f, p.v_scale = 1.f;
+  CHECK(validate(p) == Status::kSuccess);
+  SinglePrefillParams<uint16_t> b = p;
+  b.num_qo_heads = 7;  // not a multiple of the KV heads
+  CHECK(validate(b) == Status::kInvalidArgument);
+  b = p, b.head_dim_qk = b.head_dim_vo = 96;
+  CHECK(validate(b) == Status::kUnsupported);
+  b = p, b.window_left = -2;
+  CHECK(validate(b) == Status::kInvalidArgument);
+  b = p, b.soft_cap = -1.f;
+  CHECK(validate(b) == Status::kInvalidArgument);
+  b = p, b.k = nullptr;
+  CHECK(validate(b) == Status::kInvalidArgument);
+  b = p, b.k = b.v = nullptr, b.kv_len = 0;  // no keys: nothing is read
+  CHECK(validate(b) == Status::kSuccess);
+  b = p, b.qo_len = int64_t{1} << 31;
+  CHECK(validate(b) == Status::kUnsupported);
+}
+
+}  // namespace
+
+int main() {
+  test_key_range();
+  test_grid_and_smem();
+  test_validate();
+  return test::finish("test_prefill");
+}
