@@ -85,14 +85,6 @@ register(
         "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
         "--causal",
         "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128",
-        "--routine single_prefill --qo-len 512 --kv-len 16384 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
-        "--causal",
-        "--routine single_prefill --qo-len 8192 --kv-len 8192 --num-qo-heads 32 --num-kv-heads 32 --head-dim 64 "
-        "--causal",
-        "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 16 --num-kv-heads 4 --head-dim 256 "
-        "--causal",
-        "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 128 --num-kv-heads 128 --head-dim 192 "
-        "--head-dim-vo 128 --causal",
     ],
     _add_args,
 )
