@@ -12,5 +12,7 @@ namespace flashinfer {
 namespace attention {
 template <typename T>
 cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream);
+template <typename T>
+cudaError_t BatchPrefill(const SinglePrefillParams<T>& p, int m_tiles, cudaStream_t stream);
 }  // namespace attention
 }  // namespace flashinfer

@@ -56,6 +56,25 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
   }
 }
 
+// The same for a paged cache: row r is token kv0 + r of the request, at page
+// pages[token / page_size] (ids outside [0, num_pages) read as zeros), entry token % page_size.
+template <int kRowBytes, int kKeys, typename T>
+FLASHINFER_DEVICE void prefill_load_paged_rows(char* dst, const T* base, int64_t stride_page, int64_t stride_n,
+                                               const int32_t* pages, int page_size, int64_t num_pages, int kv0,
+                                               int valid) {
+  constexpr int kChunks = kRowBytes / 16;
+  FLASHINFER_UNROLL
+  for (int i = threadIdx.x; i < kKeys * kChunks; i += kPrefillThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int token = kv0 + r;
+    const int slot = token / page_size, entry = token - slot * page_size;
+    const int64_t page = r < valid ? int64_t{pages[slot]} : -1;
+    const bool ok = page >= 0 && page < num_pages;
+    cp_async::copy16_or_zero(dst + prefill_swz<kRowBytes>(r, c), base + (ok ? page * stride_page + entry * stride_n : 0) + c * 8,
+                             ok);
+  }
+}
+
 // 2^x by the special-function unit (ex2.approx.ftz: 2^-inf = 0, ~2 ulp), as the softmax needs.
 FLASHINFER_DEVICE float fast_exp2(float x) {
 #if defined(__CUDA_ARCH__)
@@ -71,7 +90,7 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 
 // kMT: 16-row M tiles per warp (prefill_m_tiles): each K / V fragment read from shared memory
 // feeds kMT MMAs.
-template <typename T, int kDQK, int kDVO, int kMT>
+template <typename T, int kDQK, int kDVO, int kMT, bool kPaged = false>
 __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const SinglePrefillParams<T> p) {
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
@@ -87,12 +106,26 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int grp = lane >> 2, tig = lane & 3;
   const int group = p.num_qo_heads / p.num_kv_heads, kv_head = blockIdx.y;
-  const int64_t rows = p.qo_len * group, delta = p.kv_len - p.qo_len;
-  // causal: the tiles of later rows see more keys; start them first
-  const int64_t tile = p.causal && !p.mask ? int64_t{gridDim.x} - 1 - blockIdx.x : int64_t{blockIdx.x};
+  pdl_wait();  // (the batch's index arrays may come from the previous kernel)
+  // This CTA's request and row tile; single prefill: request 0, causal tiles of later rows (they
+  // see more keys) first.
+  int64_t b = 0, tile = p.causal && !p.mask ? int64_t{gridDim.x} - 1 - blockIdx.x : int64_t{blockIdx.x};
+  int64_t q0 = 0, qo_len = p.qo_len, kv_len = p.kv_len, kv_base = 0, mask_bit0 = 0;
+  if (p.items) {
+    b = p.items[2 * blockIdx.x];
+    tile = p.items[2 * blockIdx.x + 1];
+    q0 = p.qo_indptr[b];
+    qo_len = p.qo_indptr[b + 1] - q0;
+    kv_base = p.kv_indptr[b];
+    const int64_t n = p.kv_indptr[b + 1] - kv_base;  // keys (ragged) or pages (paged)
+    kv_len = !kPaged ? n : n > 0 ? (n - 1) * p.page_size + p.last_page_len[b] : 0;
+    if (p.mask) mask_bit0 = int64_t{p.mask_indptr[b]} * 8;
+  }
+  const int64_t rows = qo_len * group, delta = kv_len - qo_len;
   const int64_t pr0 = tile * kRows;
+  if (pr0 >= rows) return;
   const int64_t pr_end = pr0 + kRows < rows ? pr0 + kRows : rows;
-  const KeyRange kr = prefill_key_range(pr0, pr_end, group, p.qo_len, p.kv_len, p.causal, p.window_left, p.mask != nullptr);
+  const KeyRange kr = prefill_key_range(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left, p.mask != nullptr);
   const int64_t kv_first = kr.begin / kKeys * kKeys;
   const int64_t n_tiles = kr.end > kv_first ? ceil_div<int64_t>(kr.end - kv_first, kKeys) : 0;
 
@@ -101,13 +134,12 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
   const int64_t my_pr0 = pr0 + warp * kWarpRows + grp;
   auto row_of = [&](int mt, int h) { return my_pr0 + mt * 16 + 8 * h; };
   auto token_of = [&](int64_t pr) { return static_cast<int>((pr < rows ? pr : rows - 1) / group); };
-  const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(p.kv_len);
+  const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(kv_len);
   const bool soft_cap = p.soft_cap > 0.f;
   const bool plain = !soft_cap && !p.alibi;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
   const float cap_log2 = p.soft_cap * detail::kLog2e;
 
-  pdl_wait();
   // Q tile: packed row r = token * group + (q head - kv_head * group); rows past the end are zero.
   for (int i = tid; i < kRows * kChunksQK; i += kPrefillThreads) {
     const int r = i / kChunksQK, c = i % kChunksQK;
@@ -115,15 +147,27 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
     const bool ok = pr < rows;
     const int64_t t = ok ? pr / group : 0;
     const int64_t head = kv_head * group + (ok ? pr - t * group : 0);
-    cp_async::copy16_or_zero(sQ + detail::prefill_swz<kRowQK>(r, c), p.q + t * p.q_stride_n + head * p.q_stride_h + c * 8,
-                             ok);
+    cp_async::copy16_or_zero(sQ + detail::prefill_swz<kRowQK>(r, c),
+                             p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
   auto load_kv = [&](int stage, int64_t kv0) {
-    const int valid = static_cast<int>(p.kv_len - kv0 < kKeys ? p.kv_len - kv0 : kKeys);
-    detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
-                                      p.k + kv0 * p.k_stride_n + int64_t{kv_head} * p.k_stride_h, p.k_stride_n, valid);
-    detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
-                                      p.v + kv0 * p.v_stride_n + int64_t{kv_head} * p.v_stride_h, p.v_stride_n, valid);
+    const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+    if constexpr (kPaged) {
+      const int32_t* pages = p.page_indices + kv_base;
+      detail::prefill_load_paged_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, p.k + int64_t{kv_head} * p.k_stride_h,
+                                                     p.k_stride_page, p.k_stride_n, pages, p.page_size, p.num_pages,
+                                                     static_cast<int>(kv0), valid);
+      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
+                                                     p.v_stride_page, p.v_stride_n, pages, p.page_size, p.num_pages,
+                                                     static_cast<int>(kv0), valid);
+    } else {
+      detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
+                                               p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
+                                               p.k_stride_n, valid);
+      detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
+                                               p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
+                                               p.v_stride_n, valid);
+    }
   };
   if (n_tiles > 0) load_kv(0, kv_first);
   cp_async::commit();
@@ -182,7 +226,7 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
     // custom mask) the general path, key indices in 32 bits (validate()).
-    const bool full = kv0 + kKeys <= p.kv_len && !p.mask &&
+    const bool full = kv0 + kKeys <= kv_len && !p.mask &&
                       !(p.causal && kv0 + kKeys - 1 > w_tok_lo + delta) &&
                       !(p.window_left >= 0 && kv0 < w_tok_hi + delta - p.window_left);
     if (full && plain) {
@@ -209,7 +253,7 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
           const int hi = p.causal && !p.mask && diag + 1 < kv_len32 ? diag + 1 : kv_len32;  // (a mask replaces causal)
           const int head = kv_head * group + static_cast<int>((pr < rows ? pr : rows - 1) - int64_t{t} * group);
           const float slope = p.alibi ? detail::alibi_slope(head, p.num_qo_heads) * detail::kLog2e : 0.f;
-          const int64_t mbase = int64_t{t} * kv_len32;
+          const int64_t mbase = mask_bit0 + int64_t{t} * kv_len32;
           FLASHINFER_UNROLL
           for (int n = 0; n < kNT; ++n) {
             FLASHINFER_UNROLL
@@ -300,64 +344,80 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
       const int64_t t = pr / group;
       const int qh = kv_head * group + static_cast<int>(pr - t * group);
       const float inv = den > 0.f ? p.v_scale / den : 0.f;
-      T* orow = p.o + t * p.o_stride_n + int64_t{qh} * p.o_stride_h;
+      T* orow = p.o + (q0 + t) * p.o_stride_n + int64_t{qh} * p.o_stride_h;
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         const uint32_t w = mma::pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + n * 8 + tig * 2) = w;
       }
       if (p.lse && tig == 0)
-        p.lse[t * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
+        p.lse[(q0 + t) * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
     }
   }
   pdl_launch_dependents();
 }
 
-// The kernel of one (head_dim_qk, head_dim_vo, m_tiles) choice (null: not built).
+// The kernel of one (head_dim_qk, head_dim_vo, m_tiles, paged) choice (null: not built).
 template <typename T>
 using SinglePrefillKernelPtr = void (*)(const SinglePrefillParams<T>);
-template <typename T>
+template <typename T, bool kPaged = false>
 SinglePrefillKernelPtr<T> single_prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
   const bool two = m_tiles == 2;
   if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
-  if (head_dim_qk == 64 && head_dim_vo == 64) return two ? SinglePrefillKernel<T, 64, 64, 2> : SinglePrefillKernel<T, 64, 64, 1>;
+  if (head_dim_qk == 64 && head_dim_vo == 64)
+    return two ? SinglePrefillKernel<T, 64, 64, 2, kPaged> : SinglePrefillKernel<T, 64, 64, 1, kPaged>;
   if (head_dim_qk == 128 && head_dim_vo == 128)
-    return two ? SinglePrefillKernel<T, 128, 128, 2> : SinglePrefillKernel<T, 128, 128, 1>;
-  if (head_dim_qk == 256 && head_dim_vo == 256) return SinglePrefillKernel<T, 256, 256, 1>;
-  if (head_dim_qk == 192 && head_dim_vo == 128) return SinglePrefillKernel<T, 192, 128, 1>;
+    return two ? SinglePrefillKernel<T, 128, 128, 2, kPaged> : SinglePrefillKernel<T, 128, 128, 1, kPaged>;
+  if (head_dim_qk == 256 && head_dim_vo == 256) return SinglePrefillKernel<T, 256, 256, 1, kPaged>;
+  if (head_dim_qk == 192 && head_dim_vo == 128) return SinglePrefillKernel<T, 192, 128, 1, kPaged>;
   return nullptr;
 }
 
 namespace detail {
-template <typename T, int kDQK, int kDVO, int kMT>
-cudaError_t launch_single_prefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
-  constexpr SinglePrefillKernelPtr<T> kKernel = SinglePrefillKernel<T, kDQK, kDVO, kMT>;
-  const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, kMT);
+template <typename T, int kDQK, int kDVO, int kMT, bool kPaged>
+cudaError_t launch_prefill(const SinglePrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
+  constexpr SinglePrefillKernelPtr<T> kKernel = SinglePrefillKernel<T, kDQK, kDVO, kMT, kPaged>;
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO, kMT));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
-  return launch(kKernel, dim3(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads)),
+  return launch(kKernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads)),
                 dim3(kPrefillThreads), smem, stream, p.pdl, p);
+}
+template <typename T, bool kPaged>
+cudaError_t dispatch_prefill(const SinglePrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
+  const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
+  const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
+  if (dqk == 64 && dvo == 64)
+    return two ? launch_prefill<T, 64, 64, 2, kPaged>(p, grid_x, stream)
+               : launch_prefill<T, 64, 64, 1, kPaged>(p, grid_x, stream);
+  if (dqk == 128 && dvo == 128)
+    return two ? launch_prefill<T, 128, 128, 2, kPaged>(p, grid_x, stream)
+               : launch_prefill<T, 128, 128, 1, kPaged>(p, grid_x, stream);
+  if (dqk == 256 && dvo == 256) return launch_prefill<T, 256, 256, 1, kPaged>(p, grid_x, stream);
+  if (dqk == 192 && dvo == 128) return launch_prefill<T, 192, 128, 1, kPaged>(p, grid_x, stream);
+  return cudaErrorInvalidValue;
 }
 }  // namespace detail
 
 // Launches single-request prefill on `stream` (T: __half or __nv_bfloat16).
 template <typename T>
 cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
-  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (validate(p) != Status::kSuccess || p.items) return cudaErrorInvalidValue;
   if (p.qo_len == 0 || p.num_qo_heads == 0) return cudaSuccess;
   DeviceInfo info;
   FLASHINFER_CUDA_TRY(current_device_info(&info));
-  const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
-  const bool two = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, dqk, dvo, info.num_sms) == 2;
-  if (dqk == 64 && dvo == 64)
-    return two ? detail::launch_single_prefill<T, 64, 64, 2>(p, stream)
-               : detail::launch_single_prefill<T, 64, 64, 1>(p, stream);
-  if (dqk == 128 && dvo == 128)
-    return two ? detail::launch_single_prefill<T, 128, 128, 2>(p, stream)
-               : detail::launch_single_prefill<T, 128, 128, 1>(p, stream);
-  if (dqk == 256 && dvo == 256) return detail::launch_single_prefill<T, 256, 256, 1>(p, stream);
-  if (dqk == 192 && dvo == 128) return detail::launch_single_prefill<T, 192, 128, 1>(p, stream);
-  return cudaErrorInvalidValue;
+  const int mt = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo, info.num_sms);
+  const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
+  return detail::dispatch_prefill<T, false>(p, mt, g.row_tiles, stream);
+}
+
+// Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
+// p.page_indices is set) on `stream`.
+template <typename T>
+cudaError_t BatchPrefill(const SinglePrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
+  if (validate_batch(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
+  return p.page_indices ? detail::dispatch_prefill<T, true>(p, m_tiles, p.num_items, stream)
+                        : detail::dispatch_prefill<T, false>(p, m_tiles, p.num_items, stream);
 }
 
 }  // namespace attention
