@@ -17,7 +17,7 @@
 namespace fb = flashinfer_bind;
 namespace nb = nanobind;
 using namespace nb::literals;
-using flashinfer::attention::SinglePrefillParams;
+using flashinfer::attention::PrefillParams;
 using fb::MutTensor;
 
 namespace {
@@ -103,7 +103,7 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
   fb::with_dtype(c.op, dt, [&](auto tag) {
     using T = decltype(tag);
-    SinglePrefillParams<T> p{};
+    PrefillParams<T> p{};
     p.q = static_cast<const T*>(q.data());
     p.k = static_cast<const T*>(k.data());
     p.v = static_cast<const T*>(v.data());
@@ -260,7 +260,7 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
   fb::with_dtype(c.op, dt, [&](auto tag) {
     using T = decltype(tag);
-    SinglePrefillParams<T> p{};
+    PrefillParams<T> p{};
     p.q = static_cast<const T*>(q.data());
     p.k = static_cast<const T*>(k.data());
     p.v = static_cast<const T*>(v.data());

@@ -17,6 +17,10 @@
 #include "prefill.h"
 #include "state.h"
 
+#ifndef FLASHINFER_PREFILL_SPLIT_KV
+#define FLASHINFER_PREFILL_SPLIT_KV 0
+#endif
+
 namespace flashinfer {
 namespace attention {
 namespace detail {
@@ -91,7 +95,7 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 // kMT: 16-row M tiles per warp (prefill_m_tiles): each K / V fragment read from shared memory
 // feeds kMT MMAs.
 template <typename T, int kDQK, int kDVO, int kMT, bool kPaged = false>
-__global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const SinglePrefillParams<T> p) {
+__global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams<T> p) {
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
@@ -150,26 +154,37 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
     cp_async::copy16_or_zero(sQ + detail::prefill_swz<kRowQK>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
-  auto load_kv = [&](int stage, int64_t kv0) {
+  // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
+  auto load_k = [&](int stage, int64_t kv0) {
     const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
     if constexpr (kPaged) {
-      const int32_t* pages = p.page_indices + kv_base;
       detail::prefill_load_paged_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, p.k + int64_t{kv_head} * p.k_stride_h,
-                                                     p.k_stride_page, p.k_stride_n, pages, p.page_size, p.num_pages,
-                                                     static_cast<int>(kv0), valid);
-      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
-                                                     p.v_stride_page, p.v_stride_n, pages, p.page_size, p.num_pages,
-                                                     static_cast<int>(kv0), valid);
+                                                     p.k_stride_page, p.k_stride_n, p.page_indices + kv_base,
+                                                     p.page_size, p.num_pages, static_cast<int>(kv0), valid);
     } else {
       detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
                                                p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
                                                p.k_stride_n, valid);
+    }
+  };
+  auto load_v = [&](int stage, int64_t kv0) {
+    const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+    if constexpr (kPaged) {
+      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
+                                                     p.v_stride_page, p.v_stride_n, p.page_indices + kv_base,
+                                                     p.page_size, p.num_pages, static_cast<int>(kv0), valid);
+    } else {
       detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
                                                p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
                                                p.v_stride_n, valid);
     }
   };
-  if (n_tiles > 0) load_kv(0, kv_first);
+  // kSplitKV: K and V in separate cp.async groups, so S = Q K^T starts before V has landed (one
+  // more barrier per tile). FLASHINFER_PREFILL_SPLIT_KV=1 (a compile-time switch; not measured).
+  constexpr bool kSplitKV = FLASHINFER_PREFILL_SPLIT_KV != 0;
+  if (n_tiles > 0) load_k(0, kv_first);
+  if constexpr (kSplitKV) cp_async::commit();
+  if (n_tiles > 0) load_v(0, kv_first);
   cp_async::commit();
 
   float o[kMT][kDVO / 8][4];
@@ -188,9 +203,12 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
 
   for (int64_t it = 0; it < n_tiles; ++it) {
     const int64_t kv0 = kv_first + it * kKeys;
-    if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
+    const int next = static_cast<int>((it + 1) & 1);
+    if (it + 1 < n_tiles) load_k(next, kv0 + kKeys);
+    if constexpr (kSplitKV) cp_async::commit();
+    if (it + 1 < n_tiles) load_v(next, kv0 + kKeys);
     cp_async::commit();
-    cp_async::wait(1);
+    cp_async::wait(kSplitKV ? 3 : 1);  // this tile's K (and, unsplit, V) has landed
     __syncthreads();
     const char* ks = sK + (it & 1) * kKeys * kRowQK;
     const char* vs = sV + (it & 1) * kKeys * kRowVO;
@@ -304,6 +322,10 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
       }
     }
 
+    if constexpr (kSplitKV) {
+      cp_async::wait(2);  // this tile's V
+      __syncthreads();
+    }
     // O += P V: the score accumulators of keys 16 kk .. 16 kk + 15 are the A fragment of k-step kk.
     FLASHINFER_UNROLL
     for (int kk = 0; kk < kKeys / 16; ++kk) {
@@ -359,31 +381,31 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
 
 // The kernel of one (head_dim_qk, head_dim_vo, m_tiles, paged) choice (null: not built).
 template <typename T>
-using SinglePrefillKernelPtr = void (*)(const SinglePrefillParams<T>);
+using PrefillKernelPtr = void (*)(const PrefillParams<T>);
 template <typename T, bool kPaged = false>
-SinglePrefillKernelPtr<T> single_prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
+PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
   const bool two = m_tiles == 2;
   if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
   if (head_dim_qk == 64 && head_dim_vo == 64)
-    return two ? SinglePrefillKernel<T, 64, 64, 2, kPaged> : SinglePrefillKernel<T, 64, 64, 1, kPaged>;
+    return two ? PrefillKernel<T, 64, 64, 2, kPaged> : PrefillKernel<T, 64, 64, 1, kPaged>;
   if (head_dim_qk == 128 && head_dim_vo == 128)
-    return two ? SinglePrefillKernel<T, 128, 128, 2, kPaged> : SinglePrefillKernel<T, 128, 128, 1, kPaged>;
-  if (head_dim_qk == 256 && head_dim_vo == 256) return SinglePrefillKernel<T, 256, 256, 1, kPaged>;
-  if (head_dim_qk == 192 && head_dim_vo == 128) return SinglePrefillKernel<T, 192, 128, 1, kPaged>;
+    return two ? PrefillKernel<T, 128, 128, 2, kPaged> : PrefillKernel<T, 128, 128, 1, kPaged>;
+  if (head_dim_qk == 256 && head_dim_vo == 256) return PrefillKernel<T, 256, 256, 1, kPaged>;
+  if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kPaged>;
   return nullptr;
 }
 
 namespace detail {
 template <typename T, int kDQK, int kDVO, int kMT, bool kPaged>
-cudaError_t launch_prefill(const SinglePrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
-  constexpr SinglePrefillKernelPtr<T> kKernel = SinglePrefillKernel<T, kDQK, kDVO, kMT, kPaged>;
+cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
+  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kPaged>;
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO, kMT));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads)),
                 dim3(kPrefillThreads), smem, stream, p.pdl, p);
 }
 template <typename T, bool kPaged>
-cudaError_t dispatch_prefill(const SinglePrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
+cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
   const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
   const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
   if (dqk == 64 && dvo == 64)
@@ -400,7 +422,7 @@ cudaError_t dispatch_prefill(const SinglePrefillParams<T>& p, int m_tiles, int64
 
 // Launches single-request prefill on `stream` (T: __half or __nv_bfloat16).
 template <typename T>
-cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
+cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess || p.items) return cudaErrorInvalidValue;
   if (p.qo_len == 0 || p.num_qo_heads == 0) return cudaSuccess;
   DeviceInfo info;
@@ -413,7 +435,7 @@ cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream) 
 // Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
 // p.page_indices is set) on `stream`.
 template <typename T>
-cudaError_t BatchPrefill(const SinglePrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
+cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
   if (validate_batch(p) != Status::kSuccess) return cudaErrorInvalidValue;
   if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
   return p.page_indices ? detail::dispatch_prefill<T, true>(p, m_tiles, p.num_items, stream)

@@ -48,7 +48,7 @@ FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int
 }
 
 template <typename T>
-struct SinglePrefillParams {
+struct PrefillParams {
   const T* q;  // [qo_len, num_qo_heads, head_dim_qk] via q_stride_n / q_stride_h (elements)
   const T* k;  // [kv_len, num_kv_heads, head_dim_qk] via k_stride_n / k_stride_h (NHD or HND)
   const T* v;  // [kv_len, num_kv_heads, head_dim_vo] via v_stride_n / v_stride_h
@@ -145,7 +145,7 @@ inline std::vector<int32_t> prefill_plan_batch(const std::vector<int64_t>& qo_le
 }
 
 template <typename T>
-Status validate(const SinglePrefillParams<T>& p) {
+Status validate(const PrefillParams<T>& p) {
   if (p.qo_len < 0 || p.kv_len < 0 || p.num_qo_heads < 0 || p.num_kv_heads <= 0) return Status::kInvalidArgument;
   if (p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
   if (!prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo)) return Status::kUnsupported;
@@ -163,7 +163,7 @@ Status validate(const SinglePrefillParams<T>& p) {
 
 // What the batch launch assumes; the binding has already produced friendlier messages.
 template <typename T>
-Status validate_batch(const SinglePrefillParams<T>& p) {
+Status validate_batch(const PrefillParams<T>& p) {
   if (p.num_qo_heads < 0 || p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
   if (!prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo)) return Status::kUnsupported;
   if (p.window_left < -1 || !(p.sm_scale == p.sm_scale) || p.soft_cap < 0.f) return Status::kInvalidArgument;

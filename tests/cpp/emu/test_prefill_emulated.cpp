@@ -1,4 +1,4 @@
-// The tensor-core prefill kernel SinglePrefillKernel (prefill.cuh) run on the CPU by
+// The tensor-core prefill kernel PrefillKernel (prefill.cuh) run on the CPU by
 // cuda_emulator.h, with cp.async from cp_async_emulated.h and ldmatrix / mma.sync from
 // mma_emulated.h, against a float64 reference of the score definition (prefill.h, spec §1.0):
 // f16 and bf16; head dims (64,64), (128,128), (256,256), (192,128); group sizes 1, 3, 4 (one and
@@ -14,7 +14,7 @@
 // the reference (P is rounded to T before the PV product), lse within 1e-3 (base 2), rows
 // without keys exactly 0 / -inf, and the q / o padding untouched.
 // Batch (BatchPrefill's launch: validate_batch, p.items of prefill_plan_batch with m_tiles 1 and
-// 2 alternating where both are built, single_prefill_kernel<T, paged>, grid (num_items, KV
+// 2 alternating where both are built, prefill_kernel<T, paged>, grid (num_items, KV
 // heads); ~4 s): 1-4 requests of ragged lengths, with qo_len 0 and kv_len 0 requests; ragged K /
 // V (NHD, HND) and paged caches (NHD [pages, page_size, H, D], HND [pages, H, page_size, D];
 // page sizes 1, 5, 16; page ids shuffled; last pages partly filled; a page two requests share;
@@ -51,7 +51,7 @@ using namespace flashinfer::attention;
 
 namespace flashinfer {
 namespace attention {
-alignas(16) uint4 prefill_smem[prefill_smem_bytes(256, 256, 1) / 16];  // SinglePrefillKernel's dynamic smem
+alignas(16) uint4 prefill_smem[prefill_smem_bytes(256, 256, 1) / 16];  // PrefillKernel's dynamic smem
 }  // namespace attention
 }  // namespace flashinfer
 
@@ -293,7 +293,7 @@ double max_abs(const std::vector<double>& xs) {
 
 // Fills params' options (not the tensors) from a.
 template <typename T>
-void set_options(SinglePrefillParams<T>& p, const Attn& a) {
+void set_options(PrefillParams<T>& p, const Attn& a) {
   p.num_qo_heads = a.group * a.num_kv_heads, p.num_kv_heads = a.num_kv_heads;
   p.head_dim_qk = a.dqk, p.head_dim_vo = a.dvo;
   p.causal = a.causal;
@@ -340,7 +340,7 @@ void run_case(const Case& c, uint64_t seed) {
     for (int64_t j = 0; j < KL; ++j) mask[size_t((i * KL + j) >> 3)] &= uint8_t(~(1u << ((i * KL + j) & 7)));
   std::vector<float> lse(size_t(QL * H) + 1, 555.f);
 
-  SinglePrefillParams<T> p{};
+  PrefillParams<T> p{};
   set_options(p, a);
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
   p.lse = a.lse ? lse.data() : nullptr;
@@ -365,7 +365,7 @@ void run_case(const Case& c, uint64_t seed) {
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(p.head_dim_qk, p.head_dim_vo, mt));
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  launch_2d(single_prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt), grid, kPrefillThreads, smem, p);
+  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt), grid, kPrefillThreads, smem, p);
 
   Result r;
   double max_v = 0;
@@ -410,7 +410,7 @@ struct BatchCase {
 };
 
 // One batch launched as BatchPrefill launches it: validate_batch, p.items of prefill_plan_batch
-// for m_tiles `mt`, the kernel of single_prefill_kernel<T, paged>, grid (num_items, KV heads).
+// for m_tiles `mt`, the kernel of prefill_kernel<T, paged>, grid (num_items, KV heads).
 // q / o / lse: the requests' rows back to back, then 3 rows no request owns; o starts as -777,
 // lse as 555. Ragged K / V: [total keys, KH, D] (NHD) or [KH, total keys, D] (HND); paged:
 // caches [num_pages, page_size, KH, D] (NHD) or [num_pages, KH, page_size, D] (HND), the pages
@@ -523,7 +523,7 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
       }
 
   const std::vector<int32_t> items = prefill_plan_batch(c.qo_lens, c.kv_lens, G, mt);
-  SinglePrefillParams<T> p{};
+  PrefillParams<T> p{};
   set_options(p, a);
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
   p.lse = a.lse ? lse.data() : nullptr;
@@ -589,9 +589,9 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
       }
     };
     if (paged)
-      launch_2d(single_prefill_kernel<T, true>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
+      launch_2d(prefill_kernel<T, true>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
     else
-      launch_2d(single_prefill_kernel<T, false>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
+      launch_2d(prefill_kernel<T, false>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
     after_cta = nullptr;
   }
 

@@ -119,14 +119,14 @@ void test_plan_batch() {
 
 void test_validate() {
   using flashinfer::Status;
-  SinglePrefillParams<uint16_t> p{};
+  PrefillParams<uint16_t> p{};
   static uint16_t buf[16];
   p.q = p.k = p.v = buf;
   p.o = buf;
   p.qo_len = 4, p.kv_len = 9, p.num_qo_heads = 8, p.num_kv_heads = 2, p.head_dim_qk = p.head_dim_vo = 128;
   p.window_left = -1, p.sm_scale = 0.1f, p.v_scale = 1.f;
   CHECK(validate(p) == Status::kSuccess);
-  SinglePrefillParams<uint16_t> b = p;
+  PrefillParams<uint16_t> b = p;
   b.num_qo_heads = 7;  // not a multiple of the KV heads
   CHECK(validate(b) == Status::kInvalidArgument);
   b = p, b.head_dim_qk = b.head_dim_vo = 96;
@@ -145,7 +145,7 @@ void test_validate() {
   static int32_t idx[4] = {0, 1, 0, 0};
   b = p, b.num_items = 1, b.items = idx, b.qo_indptr = idx, b.kv_indptr = idx;
   CHECK(validate_batch(b) == Status::kSuccess);
-  SinglePrefillParams<uint16_t> c = b;
+  PrefillParams<uint16_t> c = b;
   c.items = nullptr;
   CHECK(validate_batch(c) == Status::kInvalidArgument);
   c = b, c.mask = reinterpret_cast<const uint8_t*>(idx);  // a mask without its segment offsets
