@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from . import _prefill
+from . import decode as _decode_mod
 from ._ext import framework_of, to_dlpack
 from .decode import (BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _dtype_name, _host_ints, _layout_code,
                      _pos_code, _soft_cap, _torch)
@@ -135,8 +137,41 @@ def single_prefill_with_kv_cache(q: Any, k: Any, v: Any, scale_q: Any = None, sc
     window (``window_left >= 0``) keeps keys ``j >= i + kv_len - qo_len - window_left``, with or
     without a mask. ``sm_scale`` (default ``1/sqrt(head_dim_qk)``) is multiplied by ``k_scale``;
     ``v_scale`` multiplies the output (not the LSE). A row with no key gives o = 0, lse = -inf.
-    ``use_fp16_qk_reduction`` is accepted and ignored (a performance hint).
+    ``use_fp16_qk_reduction`` is accepted and ignored (a performance hint). Under torch.compile
+    it is one custom op, ``torch.ops.flashinfer.single_prefill_with_kv_cache``
+    (flashinfer/_torch_ops.py), so ``fullgraph=True`` and ``mode="reduce-overhead"`` trace it.
     """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        ops = _decode_mod._TORCH_OPS
+        if ops is None:
+            raise RuntimeError(f"{_OP} under torch.compile: its custom op is registered when flashinfer is imported "
+                               "after torch, or on the first call outside torch.compile")
+        if scale_q is not None or scale_k is not None or scale_v is not None or kv_cache_sf is not None:
+            raise NotImplementedError(f"{_OP} under torch.compile: scale_q / scale_k / scale_v / kv_cache_sf")
+        o_name = None if o_dtype is None else _o_dtype_name(o_dtype)
+        o, lse = ops.single_prefill(q, k, v, custom_mask, packed_custom_mask, bool(causal), kv_layout,
+                                    _decode_mod._pos_name(pos_encoding_mode), sm_scale, int(window_left),
+                                    logits_soft_cap, rope_scale, rope_theta, backend, bool(return_lse), k_scale,
+                                    v_scale, o_name)
+        return (o, lse) if return_lse else o
+    if _decode_mod._TORCH_OPS is None and torch is not None:
+        _decode_mod._load_torch_ops()
+    return _single_prefill(q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+                           kv_layout, pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left,
+                           logits_soft_cap, rope_scale, rope_theta, backend, return_lse, kv_cache_sf, k_scale,
+                           v_scale)
+
+
+def _single_prefill(q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = None, scale_v: Any = None,
+                    o_dtype: Any = None, custom_mask: Any = None, packed_custom_mask: Any = None,
+                    causal: bool = False, kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
+                    use_fp16_qk_reduction: bool = False, sm_scale: Optional[float] = None,
+                    window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                    rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+                    backend: str = "auto", return_lse: bool = False, kv_cache_sf: Any = None,
+                    k_scale: Optional[float] = None, v_scale: Optional[float] = None):
+    """single_prefill_with_kv_cache, eagerly (the custom op runs this too)."""
     layout = _layout_code(kv_layout)  # KeyError for anything but "NHD" / "HND"
     pos = _pos_code(pos_encoding_mode)  # KeyError for anything but NONE / ROPE_LLAMA / ALIBI (or 0, 1, 2)
     if backend not in _BACKENDS:
