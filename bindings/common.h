@@ -277,4 +277,6 @@ inline bool device_supports_pdl(int device) {
 
 inline cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace flashinfer_bind

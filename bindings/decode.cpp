@@ -216,7 +216,7 @@ KVView kv_view(const fb::Checker& c, MutTensor& a, std::optional<MutTensor>& b, 
   return kv;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+using fb::aligned16;
 
 void check_kv_alignment(const fb::Checker& c, const KVView& kv) {
   const bool ok = aligned16(kv.k) && aligned16(kv.v) && kv.k_page % 8 == 0 && kv.v_page % 8 == 0 && kv.k_n % 8 == 0 &&

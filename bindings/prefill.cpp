@@ -22,7 +22,7 @@ using fb::MutTensor;
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+using fb::aligned16;
 
 // q / k / v are read in 16-byte pieces: base 16-byte aligned, every stride a multiple of 8
 // elements (size-1 dimensions excepted).

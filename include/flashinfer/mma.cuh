@@ -13,6 +13,14 @@
 namespace flashinfer {
 namespace mma {
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in a shared-memory tile of kRowBytes-byte
+// rows (>= 8 chunks), the chunks XOR-swizzled by row % 8: the 8 rows one ldmatrix phase reads
+// sit in 8 different bank groups.
+template <int kRowBytes>
+FLASHINFER_DEVICE uint32_t swizzle_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
 // Four 8x8 b16 matrices; lane L supplies the row address of matrix L / 8.
 FLASHINFER_DEVICE void ldmatrix_x4(uint32_t* r, const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

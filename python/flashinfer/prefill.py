@@ -52,20 +52,11 @@ __all__ = [
 _OP = "single_prefill_with_kv_cache"
 _BACKENDS = ("auto", "fa2", "fa3")
 _HALF = ("float16", "bfloat16")
-_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _dtype_of(t: Any) -> str:
     """The dtype of a torch / CuPy / NumPy tensor as a name ('float16', 'float8_e4m3fn', ...)."""
     return str(getattr(t, "dtype", type(t).__name__)).replace("torch.", "")
-
-
-def _o_dtype_name(o_dtype: Any) -> str:
-    name = o_dtype if isinstance(o_dtype, str) else str(o_dtype).replace("torch.", "")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in _HALF:
-        raise ValueError(f"{_OP}: o_dtype must be float16 or bfloat16 (or None: q's dtype); got {o_dtype}")
-    return name
 
 
 def _positions(fw: Any, like: Any, start: int, n: int) -> Any:
@@ -149,7 +140,7 @@ def single_prefill_with_kv_cache(q: Any, k: Any, v: Any, scale_q: Any = None, sc
                                "after torch, or on the first call outside torch.compile")
         if scale_q is not None or scale_k is not None or scale_v is not None or kv_cache_sf is not None:
             raise NotImplementedError(f"{_OP} under torch.compile: scale_q / scale_k / scale_v / kv_cache_sf")
-        o_name = None if o_dtype is None else _o_dtype_name(o_dtype)
+        o_name = None if o_dtype is None else _dtype_name(o_dtype, f"{_OP}: o_dtype")
         o, lse = ops.single_prefill(q, k, v, custom_mask, packed_custom_mask, bool(causal), kv_layout,
                                     _decode_mod._pos_name(pos_encoding_mode), sm_scale, int(window_left),
                                     logits_soft_cap, rope_scale, rope_theta, backend, bool(return_lse), k_scale,
@@ -204,7 +195,7 @@ def _single_prefill(q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = 
     if num_kv_heads <= 0 or num_qo_heads % num_kv_heads != 0:
         raise ValueError(f"{_OP}: num_qo_heads ({num_qo_heads}, q.shape[1]) must be a multiple of num_kv_heads "
                          f"({num_kv_heads}, k.shape[{1 - layout}])")
-    o_name = q_dt if o_dtype is None else _o_dtype_name(o_dtype)
+    o_name = q_dt if o_dtype is None else _dtype_name(o_dtype, f"{_OP}: o_dtype")
     cast = o_name != q_dt
     if cast and fw.name != "torch":
         raise ValueError(f"{_OP}: o_dtype {o_name} other than q's dtype ({q_dt}) is supported for torch tensors only; "

@@ -78,13 +78,6 @@ FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
 
 namespace detail {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRowBytes-byte rows whose
-// chunks are XOR-swizzled by row % 8, so the 8 rows an ldmatrix phase reads hit 8 different banks.
-template <int kRowBytes>
-FLASHINFER_DEVICE uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
 // Two fp8 values (bits 0-7 and 8-15 of v) as a packed fp16 pair (the MMA operand), exactly.
 template <typename TKV>
 FLASHINFER_DEVICE uint32_t fp8x2_to_f16x2(uint32_t v) {
@@ -132,7 +125,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
   auto at = [](int r, int c) -> uint32_t {
     if constexpr (kBoxes) return static_cast<uint32_t>((c >> 3) * (kTcTile * 128)) + tma::swizzle128(r, c & 7);
     if constexpr (kBulk) return static_cast<uint32_t>(r * kPitch + c * 16);
-    return detail::swz<kRowBytes>(r, c);
+    return mma::swizzle_offset<kRowBytes>(r, c);
   };
   char* smem = reinterpret_cast<char*>(smem_u4);
   if constexpr (kBoxes)  // (the launch adds kTcBoxAlign bytes of slack)
@@ -144,7 +137,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
   constexpr int kIters = kTcTile / kRowStep;          // rows a thread copies per tile
   static_assert(kRowStep % 8 == 0 && kTcTile % kRowStep == 0, "copy mapping");
   const int chunk = threadIdx.x % kChunks, row_base = threadIdx.x / kChunks;
-  const uint32_t sw0 = detail::swz<kRowBytes>(row_base, chunk);  // + kRowStep * i rows
+  const uint32_t sw0 = mma::swizzle_offset<kRowBytes>(row_base, chunk);  // + kRowStep * i rows
   const bool alibi = p.pos_encoding == PosEncodingMode::kALiBi;
   const bool soft_cap = p.soft_cap > 0.f;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;

@@ -28,13 +28,6 @@ namespace flashinfer {
 namespace attention {
 namespace detail {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRowBytes-byte rows, XOR-swizzled
-// by row % 8 so the 8 rows one ldmatrix phase reads sit in 8 different bank groups.
-template <int kRowBytes>
-FLASHINFER_DEVICE uint32_t prefill_swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
 // Copies kKeys rows of kRowBytes bytes (row r at src + r * stride_n elements) into a
 // swizzled tile; rows >= valid become zeros. Thread t moves 16-byte chunk t % kChunks of rows
 // t / kChunks + k * (threads / kChunks), its source pointer stepping by a precomputed stride.
@@ -50,14 +43,14 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
     FLASHINFER_UNROLL
     for (int i = 0; i < kKeys / kStep; ++i) {
       const int r = r0 + i * kStep;
-      cp_async::copy16_or_zero(dst + prefill_swz<kRowBytes>(r, c), r < valid ? s : src, r < valid);
+      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), r < valid ? s : src, r < valid);
       s += step;
     }
   } else {
     FLASHINFER_UNROLL
     for (int i = tid; i < kKeys * kChunks; i += kPrefillThreads) {
       const int r = i / kChunks, c = i % kChunks;
-      cp_async::copy16_or_zero(dst + prefill_swz<kRowBytes>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
+      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
                                r < valid);
     }
   }
@@ -77,7 +70,7 @@ FLASHINFER_DEVICE void prefill_load_paged_rows(char* dst, const T* base, int64_t
     const int slot = token / page_size, entry = token - slot * page_size;
     const int64_t page = r < valid ? int64_t{pages[slot]} : -1;
     const bool ok = page >= 0 && page < num_pages;
-    cp_async::copy16_or_zero(dst + prefill_swz<kRowBytes>(r, c), base + (ok ? page * stride_page + entry * stride_n : 0) + c * 8,
+    cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), base + (ok ? page * stride_page + entry * stride_n : 0) + c * 8,
                              ok);
   }
 }
@@ -157,7 +150,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
     const bool ok = pr < rows;
     const int64_t t = ok ? pr / group : 0;
     const int64_t head = kv_head * group + (ok ? pr - t * group : 0);
-    cp_async::copy16_or_zero(sQ + detail::prefill_swz<kRowQK>(r, c),
+    cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
   // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
@@ -231,13 +224,13 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
       uint32_t a[kMT][4];
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt)
-        mma::ldmatrix_x4(a[mt], sQ + detail::prefill_swz<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
+        mma::ldmatrix_x4(a[mt], sQ + mma::swizzle_offset<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
                                                                      ((lane >> 3) & 1) * 8,
                                                                  2 * kstep + (lane >> 4)));
       FLASHINFER_UNROLL
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t b[4];
-        mma::ldmatrix_x4(b, ks + detail::prefill_swz<kRowQK>(np * 16 + (lane & 7) + (lane >> 4) * 8,
+        mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(np * 16 + (lane & 7) + (lane >> 4) * 8,
                                                              2 * kstep + ((lane >> 3) & 1)));
         FLASHINFER_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
@@ -346,7 +339,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
       FLASHINFER_UNROLL
       for (int dp = 0; dp < kDVO / 16; ++dp) {
         uint32_t b[4];
-        mma::ldmatrix_x4_trans(b, vs + detail::prefill_swz<kRowVO>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+        mma::ldmatrix_x4_trans(b, vs + mma::swizzle_offset<kRowVO>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                    2 * dp + (lane >> 4)));
         FLASHINFER_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {

@@ -147,6 +147,8 @@ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, Op op) {
 namespace flashinfer {
 namespace mma {
 
+using mma_hardware::swizzle_offset;  // (pure address math: the real one)
+
 inline void ldmatrix_x4(uint32_t* r, const void* smem_row) { emu_mma::ldmatrix(r, smem_row, 4, false, emu_mma::kLdX4); }
 inline void ldmatrix_x2(uint32_t* r, const void* smem_row) { emu_mma::ldmatrix(r, smem_row, 2, false, emu_mma::kLdX2); }
 inline void ldmatrix_x4_trans(uint32_t* r, const void* smem_row) {
