@@ -833,7 +833,7 @@ def test_run_checks(kind):
     with pytest.raises(RuntimeError, match="plan"):
         w.run(*bt.run_args())
     w.plan(*bt.plan_args())  # q_data_type defaults to float16
-    with pytest.raises(ValueError, match="does not match the q_data_type"):
+    with pytest.raises(ValueError, match="does not match the (q|kv)_data_type"):
         w.run(*bt.run_args())
     bt.plan(w, causal=True)
     args = list(bt.run_args())

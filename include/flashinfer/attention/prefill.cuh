@@ -90,8 +90,11 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 
 // kMT: 16-row M tiles per warp (prefill_m_tiles): each K / V fragment read from shared memory
 // feeds kMT MMAs.
-template <typename T, int kDQK, int kDVO, int kMT, bool kPaged = false>
+// kMode: one request (p.items null; its offsets compile to zeros), or a batch of work items
+// with ragged or paged keys.
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams<T> p) {
+  constexpr bool kPaged = kMode == PrefillMode::kPaged;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   // see more keys) first.
   int64_t b = 0, tile = p.causal && !p.mask ? int64_t{gridDim.x} - 1 - blockIdx.x : int64_t{blockIdx.x};
   int64_t q0 = 0, qo_len = p.qo_len, kv_len = p.kv_len, kv_base = 0, mask_bit0 = 0;
-  if (p.items) {
+  if constexpr (kMode != PrefillMode::kSingle) {
     b = p.items[2 * blockIdx.x];
     tile = p.items[2 * blockIdx.x + 1];
     q0 = p.qo_indptr[b];
@@ -378,43 +381,43 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   pdl_launch_dependents();
 }
 
-// The kernel of one (head_dim_qk, head_dim_vo, m_tiles, paged) choice (null: not built).
+// The kernel of one (head_dim_qk, head_dim_vo, m_tiles, mode) choice (null: not built).
 template <typename T>
 using PrefillKernelPtr = void (*)(const PrefillParams<T>);
-template <typename T, bool kPaged = false>
+template <typename T, PrefillMode kMode = PrefillMode::kSingle>
 PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
   const bool two = m_tiles == 2;
   if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
   if (head_dim_qk == 64 && head_dim_vo == 64)
-    return two ? PrefillKernel<T, 64, 64, 2, kPaged> : PrefillKernel<T, 64, 64, 1, kPaged>;
+    return two ? PrefillKernel<T, 64, 64, 2, kMode> : PrefillKernel<T, 64, 64, 1, kMode>;
   if (head_dim_qk == 128 && head_dim_vo == 128)
-    return two ? PrefillKernel<T, 128, 128, 2, kPaged> : PrefillKernel<T, 128, 128, 1, kPaged>;
-  if (head_dim_qk == 256 && head_dim_vo == 256) return PrefillKernel<T, 256, 256, 1, kPaged>;
-  if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kPaged>;
+    return two ? PrefillKernel<T, 128, 128, 2, kMode> : PrefillKernel<T, 128, 128, 1, kMode>;
+  if (head_dim_qk == 256 && head_dim_vo == 256) return PrefillKernel<T, 256, 256, 1, kMode>;
+  if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kMode>;
   return nullptr;
 }
 
 namespace detail {
-template <typename T, int kDQK, int kDVO, int kMT, bool kPaged>
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode>
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
-  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kPaged>;
+  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode>;
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO, kMT));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads)),
                 dim3(kPrefillThreads), smem, stream, p.pdl, p);
 }
-template <typename T, bool kPaged>
+template <typename T, PrefillMode kMode>
 cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
   const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
   const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
   if (dqk == 64 && dvo == 64)
-    return two ? launch_prefill<T, 64, 64, 2, kPaged>(p, grid_x, stream)
-               : launch_prefill<T, 64, 64, 1, kPaged>(p, grid_x, stream);
+    return two ? launch_prefill<T, 64, 64, 2, kMode>(p, grid_x, stream)
+               : launch_prefill<T, 64, 64, 1, kMode>(p, grid_x, stream);
   if (dqk == 128 && dvo == 128)
-    return two ? launch_prefill<T, 128, 128, 2, kPaged>(p, grid_x, stream)
-               : launch_prefill<T, 128, 128, 1, kPaged>(p, grid_x, stream);
-  if (dqk == 256 && dvo == 256) return launch_prefill<T, 256, 256, 1, kPaged>(p, grid_x, stream);
-  if (dqk == 192 && dvo == 128) return launch_prefill<T, 192, 128, 1, kPaged>(p, grid_x, stream);
+    return two ? launch_prefill<T, 128, 128, 2, kMode>(p, grid_x, stream)
+               : launch_prefill<T, 128, 128, 1, kMode>(p, grid_x, stream);
+  if (dqk == 256 && dvo == 256) return launch_prefill<T, 256, 256, 1, kMode>(p, grid_x, stream);
+  if (dqk == 192 && dvo == 128) return launch_prefill<T, 192, 128, 1, kMode>(p, grid_x, stream);
   return cudaErrorInvalidValue;
 }
 }  // namespace detail
@@ -428,7 +431,7 @@ cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream) {
   FLASHINFER_CUDA_TRY(current_device_info(&info));
   const int mt = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo, info.num_sms);
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
-  return detail::dispatch_prefill<T, false>(p, mt, g.row_tiles, stream);
+  return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, stream);
 }
 
 // Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
@@ -437,8 +440,8 @@ template <typename T>
 cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
   if (validate_batch(p) != Status::kSuccess) return cudaErrorInvalidValue;
   if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
-  return p.page_indices ? detail::dispatch_prefill<T, true>(p, m_tiles, p.num_items, stream)
-                        : detail::dispatch_prefill<T, false>(p, m_tiles, p.num_items, stream);
+  return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, stream)
+                        : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, stream);
 }
 
 }  // namespace attention

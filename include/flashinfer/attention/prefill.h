@@ -47,6 +47,10 @@ FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int
   return ctas >= int64_t{2} * num_sms ? 2 : 1;
 }
 
+// Where a prefill kernel's rows and keys come from: one request, or a batch of work items
+// (request, row tile) with ragged or paged keys.
+enum class PrefillMode { kSingle, kRagged, kPaged };
+
 template <typename T>
 struct PrefillParams {
   const T* q;  // [qo_len, num_qo_heads, head_dim_qk] via q_stride_n / q_stride_h (elements)

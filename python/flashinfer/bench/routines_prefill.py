@@ -1,7 +1,8 @@
 """Bench routines for prefill attention: ``single_prefill`` (one request, contiguous K/V) and
 ``batch_prefill`` (BatchPrefillWithPagedKVCacheWrapper: ``--batch-size`` requests of ``--qo-len``
 query tokens over ``--kv-len`` keys each, in a paged cache of ``--page-size`` (16) pages in random
-order; plan once, time ``run``), e.g. ``--routine batch_prefill --batch-size 4 --qo-len 1024
+order, or with ``--ragged`` BatchPrefillWithRaggedKVCacheWrapper over the same keys stored
+contiguously; plan once, time ``run``), e.g. ``--routine batch_prefill --batch-size 4 --qo-len 1024
 --kv-len 1024 --causal``. batch_prefill is registered but not in the default suite.
 
 FLOPs = 2 * (head_dim_qk + head_dim_vo) * num_qo_heads * (visible query-key pairs): QK^T and PV,
@@ -40,6 +41,7 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     add("--causal", action="store_true", help="single_prefill: bottom-right causal mask")
     add("--kv-layout", default="NHD", choices=["NHD", "HND"])
     add("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE")
+    add("--ragged", action="store_true", help="batch_prefill: contiguous (ragged) K/V instead of a paged cache")
 
 
 def visible_pairs(qo_len: int, kv_len: int, causal: bool) -> int:
@@ -113,7 +115,7 @@ def batch_prefill(torch, args) -> Case:
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout)
     w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, ps, head_dim_vo=dvo, causal=causal, q_data_type=dt)
     cache = (k_cache, v_cache)
-
+    run, run_out = (lambda: w.run(q, cache)), (lambda: w.run(q, cache, out=out))
     # reference inputs [B, H, L, D], contiguous: K / V gathered from the pages
     def gather(c):
         pages = c[indices.long().view(b, pages_per)]  # [B, pages, ps, H, D] or [B, pages, H, ps, D]
@@ -122,6 +124,12 @@ def batch_prefill(torch, args) -> Case:
         return pages.reshape(b, pages_per * ps, hkv, -1)[:, :kv].transpose(1, 2).contiguous()
 
     qs, ks, vs = q.view(b, qo, hq, d).transpose(1, 2).contiguous(), gather(k_cache), gather(v_cache)
+    if args.ragged:  # the same keys, contiguous per request: [B * kv, H, D]
+        kr, vr = (x.transpose(1, 2).reshape(b * kv, hkv, -1).contiguous() for x in (ks, vs))
+        kv_rows = torch.arange(b + 1, dtype=torch.int32, device="cuda") * kv
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt)
+        run, run_out = (lambda: w.run(q, kr, vr)), (lambda: w.run(q, kr, vr, out=out))
     F = torch.nn.functional
     if causal and qo != kv:
         mask = torch.ones(qo, kv, dtype=torch.bool, device="cuda").tril(kv - qo)
@@ -130,10 +138,9 @@ def batch_prefill(torch, args) -> Case:
         ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)  # noqa: E731
 
     flops = b * 2 * (d + dvo) * hq * visible_pairs(qo, kv, causal)
-    tag = (" causal" if causal else "") + (" HND" if hnd else "") + f" ps{ps}"
+    tag = (" causal" if causal else "") + (" ragged" if args.ragged else (" HND" if hnd else "") + f" ps{ps}")
     dims = f"{d}" if dvo == d else f"{d}/{dvo}"
-    return Case("batch_prefill", f"{b}x{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, lambda: w.run(q, cache),
-                lambda: w.run(q, cache, out=out), ref, "SDPA enable_gqa", flops=flops,
+    return Case("batch_prefill", f"{b}x{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, run, run_out, ref, "SDPA enable_gqa", flops=flops,
                 extra={"m_tiles": w._m_tiles, "work_items": w._num_items})
 
 

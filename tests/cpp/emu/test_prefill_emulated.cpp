@@ -14,7 +14,7 @@
 // the reference (P is rounded to T before the PV product), lse within 1e-3 (base 2), rows
 // without keys exactly 0 / -inf, and the q / o padding untouched.
 // Batch (BatchPrefill's launch: validate_batch, p.items of prefill_plan_batch with m_tiles 1 and
-// 2 alternating where both are built, prefill_kernel<T, paged>, grid (num_items, KV
+// 2 alternating where both are built, prefill_kernel<T, mode>, grid (num_items, KV
 // heads); ~4 s): 1-4 requests of ragged lengths, with qo_len 0 and kv_len 0 requests; ragged K /
 // V (NHD, HND) and paged caches (NHD [pages, page_size, H, D], HND [pages, H, page_size, D];
 // page sizes 1, 5, 16; page ids shuffled; last pages partly filled; a page two requests share;
@@ -410,7 +410,7 @@ struct BatchCase {
 };
 
 // One batch launched as BatchPrefill launches it: validate_batch, p.items of prefill_plan_batch
-// for m_tiles `mt`, the kernel of prefill_kernel<T, paged>, grid (num_items, KV heads).
+// for m_tiles `mt`, the kernel of prefill_kernel<T, mode>, grid (num_items, KV heads).
 // q / o / lse: the requests' rows back to back, then 3 rows no request owns; o starts as -777,
 // lse as 555. Ragged K / V: [total keys, KH, D] (NHD) or [KH, total keys, D] (HND); paged:
 // caches [num_pages, page_size, KH, D] (NHD) or [num_pages, KH, page_size, D] (HND), the pages
@@ -589,9 +589,9 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
       }
     };
     if (paged)
-      launch_2d(prefill_kernel<T, true>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
+      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
     else
-      launch_2d(prefill_kernel<T, false>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
+      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
     after_cta = nullptr;
   }
 
