@@ -17,11 +17,10 @@
 #include "prefill.h"
 #include "state.h"
 
-#ifndef FLASHINFER_PREFILL_SPLIT_KV
-#define FLASHINFER_PREFILL_SPLIT_KV 0
-#endif
-#ifndef FLASHINFER_PREFILL_QK_UNROLL
-#define FLASHINFER_PREFILL_QK_UNROLL 0
+// Plain tiles' softmax scale inside exp2's FFMA (see PrefillKernel): -1 (default) batch kernels
+// and head_dim 64, 0 never, 1 always.
+#ifndef FLASHINFER_PREFILL_FUSED_SCALE
+#define FLASHINFER_PREFILL_FUSED_SCALE -1
 #endif
 
 namespace flashinfer {
@@ -56,22 +55,18 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
   }
 }
 
-// The same for a paged cache: row r is token kv0 + r of the request, at page
-// pages[token / page_size] (ids outside [0, num_pages) read as zeros), entry token % page_size.
+// The same for a paged cache: row r is entry tab[r].y of page tab[r].x (page -1: a zero row).
 template <int kRowBytes, int kKeys, typename T>
 FLASHINFER_DEVICE void prefill_load_paged_rows(char* dst, const T* base, int64_t stride_page, int64_t stride_n,
-                                               const int32_t* pages, int page_size, int64_t num_pages, int kv0,
-                                               int valid) {
+                                               const int2* tab) {
   constexpr int kChunks = kRowBytes / 16;
   FLASHINFER_UNROLL
   for (int i = threadIdx.x; i < kKeys * kChunks; i += kPrefillThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    const int token = kv0 + r;
-    const int slot = token / page_size, entry = token - slot * page_size;
-    const int64_t page = r < valid ? int64_t{pages[slot]} : -1;
-    const bool ok = page >= 0 && page < num_pages;
-    cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), base + (ok ? page * stride_page + entry * stride_n : 0) + c * 8,
-                             ok);
+    const int2 e = tab[r];
+    const bool ok = e.x >= 0;
+    cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c),
+                             base + (ok ? e.x * stride_page + e.y * stride_n : 0) + c * 8, ok);
   }
 }
 
@@ -100,9 +95,6 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kNT = kKeys / 8;                    // 8-key score tiles
-  // Q K^T k-steps unrolled together (FLASHINFER_PREFILL_QK_UNROLL; 0 = all, the default): 2
-  // takes the two-M-tile head_dim 128 kernel's spill from 128 to 48 bytes (not measured).
-  [[maybe_unused]] constexpr int kQKUnroll = FLASHINFER_PREFILL_QK_UNROLL > 0 ? FLASHINFER_PREFILL_QK_UNROLL : kDQK / 16;
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
   FLASHINFER_EXTERN_SHARED uint4 prefill_smem[];
   char* sQ = reinterpret_cast<char*>(prefill_smem);
@@ -156,37 +148,50 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
     cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
+  // Paged: the (page, entry) of every key row of a stage's tile, written a tile ahead, so the
+  // copies issue without a dependent index load. Page -1: a zero row (past kv_len, or an id
+  // outside the cache). page_id / page_row: the id load (early) and the table entry (late).
+  __shared__ int2 page_tab[kPaged ? 2 : 1][kPaged ? kKeys : 1];
+  auto page_id = [&](int64_t kv0, int r) -> int {
+    if (kv0 + r >= kv_len) return -1;
+    const int64_t id = p.page_indices[kv_base + (kv0 + r) / p.page_size];
+    return id >= 0 && id < p.num_pages ? static_cast<int>(id) : -1;
+  };
+  auto page_row = [&](int64_t kv0, int r, int id) {
+    return make_int2(id, static_cast<int>((kv0 + r) % p.page_size));
+  };
+  if constexpr (kPaged) {
+    if (tid < kKeys) {
+      for (int s = 0; s < 2 && s < n_tiles; ++s) {
+        const int64_t kv0 = kv_first + s * kKeys;
+        page_tab[s][tid] = page_row(kv0, tid, page_id(kv0, tid));
+      }
+    }
+    __syncthreads();
+  }
   // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
-  auto load_k = [&](int stage, int64_t kv0) {
-    const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+  auto load_kv = [&](int stage, int64_t kv0) {
     if constexpr (kPaged) {
       detail::prefill_load_paged_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, p.k + int64_t{kv_head} * p.k_stride_h,
-                                                     p.k_stride_page, p.k_stride_n, p.page_indices + kv_base,
-                                                     p.page_size, p.num_pages, static_cast<int>(kv0), valid);
+                                                     p.k_stride_page, p.k_stride_n, page_tab[stage]);
+      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
+                                                     p.v_stride_page, p.v_stride_n, page_tab[stage]);
     } else {
+      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
       detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
                                                p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
                                                p.k_stride_n, valid);
-    }
-  };
-  auto load_v = [&](int stage, int64_t kv0) {
-    const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-    if constexpr (kPaged) {
-      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
-                                                     p.v_stride_page, p.v_stride_n, p.page_indices + kv_base,
-                                                     p.page_size, p.num_pages, static_cast<int>(kv0), valid);
-    } else {
       detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
                                                p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
                                                p.v_stride_n, valid);
     }
   };
-  // kSplitKV: K and V in separate cp.async groups, so S = Q K^T starts before V has landed (one
-  // more barrier per tile). FLASHINFER_PREFILL_SPLIT_KV=1 (a compile-time switch; not measured).
-  constexpr bool kSplitKV = FLASHINFER_PREFILL_SPLIT_KV != 0;
-  if (n_tiles > 0) load_k(0, kv_first);
-  if constexpr (kSplitKV) cp_async::commit();
-  if (n_tiles > 0) load_v(0, kv_first);
+  // kFusedScale: H200 A/B (NOTES, session 18): 2-3% faster for batch and head_dim 64, 1.5%
+  // slower for single-request head_dim 128.
+  constexpr bool kFusedScale = FLASHINFER_PREFILL_FUSED_SCALE < 0
+                                   ? kMode != PrefillMode::kSingle || kDQK == 64
+                                   : FLASHINFER_PREFILL_FUSED_SCALE != 0;
+  if (n_tiles > 0) load_kv(0, kv_first);
   cp_async::commit();
 
   float o[kMT][kDVO / 8][4];
@@ -205,15 +210,18 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
 
   for (int64_t it = 0; it < n_tiles; ++it) {
     const int64_t kv0 = kv_first + it * kKeys;
-    const int next = static_cast<int>((it + 1) & 1);
-    if (it + 1 < n_tiles) load_k(next, kv0 + kKeys);
-    if constexpr (kSplitKV) cp_async::commit();
-    if (it + 1 < n_tiles) load_v(next, kv0 + kKeys);
+    if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
     cp_async::commit();
-    cp_async::wait(kSplitKV ? 3 : 1);  // this tile's K (and, unsplit, V) has landed
+    cp_async::wait(1);  // this tile's K and V have landed
     __syncthreads();
     const char* ks = sK + (it & 1) * kKeys * kRowQK;
     const char* vs = sV + (it & 1) * kKeys * kRowVO;
+    // Paged: tile it + 2's page ids, loaded now and written to this stage's table at the end
+    // (its copies have been issued; the loop's last barrier publishes the table).
+    [[maybe_unused]] int next_id = -1;
+    if constexpr (kPaged) {
+      if (tid < kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, tid);
+    }
 
     // S = Q K^T: kMT x 16 rows x kKeys keys per warp.
     float sc[kMT][kNT][4];
@@ -222,7 +230,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
       FLASHINFER_UNROLL
       for (int n = 0; n < kNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
     }
-#pragma unroll kQKUnroll
+    FLASHINFER_UNROLL
     for (int kstep = 0; kstep < kDQK / 16; ++kstep) {
       uint32_t a[kMT][4];
       FLASHINFER_UNROLL
@@ -249,7 +257,12 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
     const bool full = kv0 + kKeys <= kv_len && !p.mask &&
                       !(p.causal && kv0 + kKeys - 1 > w_tok_lo + delta) &&
                       !(p.window_left >= 0 && kv0 < w_tok_hi + delta - p.window_left);
-    if (full && plain) {
+    // mul: with kFusedScale a plain tile keeps its raw scores and the scale goes into the max and
+    // into exp2's argument (one FFMA); 1 where the scores are scaled here.
+    float mul = 1.f;
+    if (full && plain && kFusedScale && s_scale > 0.f) {
+      mul = s_scale;
+    } else if (full && plain) {
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
@@ -300,7 +313,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
         FLASHINFER_UNROLL
         for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)) * mul;
         const float m_new = fmaxf(m[mt][h], mx);
         const float base = m_new == neg_inf() ? 0.f : m_new;  // nothing seen yet: every p is 0
         const float alpha = detail::fast_exp2(m[mt][h] - base);
@@ -310,7 +323,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
         for (int n = 0; n < kNT; ++n) {
           FLASHINFER_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const float pv = detail::fast_exp2(sc[mt][n][2 * h + e] - base);
+            const float pv = detail::fast_exp2(fmaf(sc[mt][n][2 * h + e], mul, -base));
             sc[mt][n][2 * h + e] = pv;
             sum += pv;
           }
@@ -324,10 +337,6 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
       }
     }
 
-    if constexpr (kSplitKV) {
-      cp_async::wait(2);  // this tile's V
-      __syncthreads();
-    }
     // O += P V: the score accumulators of keys 16 kk .. 16 kk + 15 are the A fragment of k-step kk.
     FLASHINFER_UNROLL
     for (int kk = 0; kk < kKeys / 16; ++kk) {
@@ -350,6 +359,9 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
           mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b + 2);
         }
       }
+    }
+    if constexpr (kPaged) {
+      if (tid < kKeys && it + 2 < n_tiles) page_tab[it & 1][tid] = page_row(kv0 + 2 * kKeys, tid, next_id);
     }
     __syncthreads();  // the stage is refilled by the next iteration's copies
   }
