@@ -1,10 +1,14 @@
 // _prefill: single-request prefill attention (flashinfer.prefill.single_prefill_with_kv_cache).
 // Checks, Params, launch; RoPE, mask packing and argument defaults live in the Python layer.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "dispatch_dtype.h"
@@ -13,7 +17,7 @@
 namespace fb = flashinfer_bind;
 namespace nb = nanobind;
 using namespace nb::literals;
-using flashinfer::attention::SinglePrefillParams;
+using flashinfer::attention::PrefillParams;
 using fb::MutTensor;
 
 namespace {
@@ -99,7 +103,7 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
   fb::with_dtype(c.op, dt, [&](auto tag) {
     using T = decltype(tag);
-    SinglePrefillParams<T> p{};
+    PrefillParams<T> p{};
     p.q = static_cast<const T*>(q.data());
     p.k = static_cast<const T*>(k.data());
     p.v = static_cast<const T*>(v.data());
@@ -125,6 +129,170 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   });
 }
 
+// The batch's work items (prefill_plan_batch) and M tiles per warp (prefill_m_tiles of the
+// whole batch's CTAs).
+std::pair<std::vector<int32_t>, int> plan_batch(const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens,
+                                                int64_t num_qo_heads, int64_t num_kv_heads, int head_dim_qk,
+                                                int head_dim_vo, int num_sms) {
+  const char* op = "BatchPrefillWrapper.plan";
+  if (qo_lens.size() != kv_lens.size())
+    fb::fail(std::string(op) + ": qo and kv lengths must be given for the same requests; got " +
+             std::to_string(qo_lens.size()) + " and " + std::to_string(kv_lens.size()));
+  if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
+    fb::fail(std::string(op) + ": num_qo_heads (" + std::to_string(num_qo_heads) + ") must be a multiple of num_kv_heads (" +
+             std::to_string(num_kv_heads) + ")");
+  if (!flashinfer::attention::prefill_head_dims_supported(head_dim_qk, head_dim_vo))
+    fb::fail(std::string(op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); got (" +
+             std::to_string(head_dim_qk) + ", " + std::to_string(head_dim_vo) + ")");
+  const int group = static_cast<int>(num_qo_heads / num_kv_heads);
+  int64_t ctas = 0;
+  for (size_t b = 0; b < qo_lens.size(); ++b) {
+    if (qo_lens[b] < 0 || kv_lens[b] < 0) fb::fail(std::string(op) + ": negative length for request " + std::to_string(b));
+    ctas += (qo_lens[b] * group + flashinfer::attention::prefill_rows(2) - 1) / flashinfer::attention::prefill_rows(2);
+  }
+  const int mt = flashinfer::attention::prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2 &&
+                         ctas * num_kv_heads >= int64_t{2} * num_sms
+                     ? 2
+                     : 1;
+  return {flashinfer::attention::prefill_plan_batch(qo_lens, kv_lens, group, mt), mt};
+}
+
+const int32_t* index_tensor(const fb::Checker& c, const MutTensor& t, const char* name) {
+  c.ndim_in(t, name, {1}, "1-D int32");
+  c.dtype_is(t, name, fb::DType::kI32);
+  if (t.shape(0) > 1 && t.stride(0) != 1) fb::fail(std::string(c.op) + ": " + name + " must be contiguous");
+  return static_cast<const int32_t*>(t.data());
+}
+
+void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
+                   std::optional<MutTensor> mask, std::optional<MutTensor> mask_indptr, MutTensor qo_indptr,
+                   MutTensor kv_indptr, std::optional<MutTensor> page_indices, std::optional<MutTensor> last_page_len,
+                   MutTensor items, int64_t num_items, int m_tiles, int page_size, int layout, bool causal,
+                   int window_left, double sm_scale, double soft_cap, bool alibi, double v_scale, uintptr_t stream,
+                   bool enable_pdl) {
+  const fb::Checker c{"BatchPrefillWrapper.run"};
+  const bool paged = page_indices.has_value();
+  if (layout != 0 && layout != 1) fb::fail(std::string(c.op) + ": kv_layout must be 0 (NHD) or 1 (HND); got " + std::to_string(layout));
+  c.ndim_in(q, "q", {3}, "3-D [total_q, num_qo_heads, head_dim]");
+  const fb::DType dt = c.dtype_half(q, "q");
+  const int kv_nd = paged ? 4 : 3;
+  const char* kv_what = paged ? (layout == 1 ? "4-D [max_num_pages, num_kv_heads, page_size, head_dim] (HND)"
+                                             : "4-D [max_num_pages, page_size, num_kv_heads, head_dim] (NHD)")
+                              : (layout == 1 ? "3-D [num_kv_heads, total_kv, head_dim] (HND)"
+                                             : "3-D [total_kv, num_kv_heads, head_dim] (NHD)");
+  c.ndim_in(k, "k", {kv_nd}, kv_what);
+  c.ndim_in(v, "v", {kv_nd}, kv_what);
+  c.dtype_is(k, "k", dt);
+  c.dtype_is(v, "v", dt);
+  c.last_contiguous(q, "q");
+  c.last_contiguous(k, "k");
+  c.last_contiguous(v, "v");
+  // token / head dimensions of k and v
+  const int off = paged ? 1 : 0;
+  const int hn = off + (layout == 1 ? 0 : 1), ln = off + (layout == 1 ? 1 : 0);
+  const int64_t total_q = q.shape(0), hq = q.shape(1), dqk = q.shape(2), hkv = k.shape(hn), dvo = v.shape(kv_nd - 1);
+  c.dim_is(k, "k", kv_nd - 1, dqk, "q.shape[-1] (head_dim_qk)");
+  c.dim_is(v, "v", hn, hkv, "k's num_kv_heads");
+  c.dim_is(v, "v", ln, k.shape(ln), paged ? "k's page_size" : "k's total_kv");
+  if (paged) {
+    c.dim_is(k, "k", ln, page_size, "page_size");
+    c.dim_is(v, "v", 0, k.shape(0), "k's max_num_pages");
+  }
+  if (!flashinfer::attention::prefill_head_dims_supported(static_cast<int>(dqk), static_cast<int>(dvo)))
+    fb::fail(std::string(c.op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); "
+             "got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
+  if (hkv <= 0 || hq % hkv != 0)
+    fb::fail(std::string(c.op) + ": num_qo_heads (" + std::to_string(hq) + ") must be a multiple of num_kv_heads (" +
+             std::to_string(hkv) + ")");
+  c.ndim_in(out, "out", {3}, "3-D [total_q, num_qo_heads, head_dim_vo]");
+  c.dim_is(out, "out", 0, total_q, "q.shape[0]");
+  c.dim_is(out, "out", 1, hq, "num_qo_heads");
+  c.dim_is(out, "out", 2, dvo, "v.shape[-1] (head_dim_vo)");
+  c.dtype_is(out, "out", dt);
+  c.last_contiguous(out, "out");
+  if (lse) {
+    c.ndim_in(*lse, "lse", {2}, "2-D [total_q, num_qo_heads]");
+    c.dim_is(*lse, "lse", 0, total_q, "q.shape[0]");
+    c.dim_is(*lse, "lse", 1, hq, "num_qo_heads");
+    c.dtype_is(*lse, "lse", fb::DType::kF32);
+    if ((total_q > 1 && lse->stride(0) != hq) || (hq > 1 && lse->stride(1) != 1))
+      fb::fail(std::string(c.op) + ": lse must be contiguous; got strides " + fb::stride_str(*lse));
+  }
+  const int32_t* qo_ptr = index_tensor(c, qo_indptr, "qo_indptr");
+  const int32_t* kv_ptr = index_tensor(c, kv_indptr, paged ? "paged_kv_indptr" : "kv_indptr");
+  c.dim_is(kv_indptr, paged ? "paged_kv_indptr" : "kv_indptr", 0, qo_indptr.shape(0), "len(qo_indptr)");
+  const int32_t* pages = paged ? index_tensor(c, *page_indices, "paged_kv_indices") : nullptr;
+  const int32_t* last = nullptr;
+  if (paged) {
+    if (!last_page_len) fb::fail(std::string(c.op) + ": a paged cache needs paged_kv_last_page_len");
+    last = index_tensor(c, *last_page_len, "paged_kv_last_page_len");
+    c.dim_is(*last_page_len, "paged_kv_last_page_len", 0, static_cast<int64_t>(qo_indptr.shape(0)) - 1, "batch size");
+    if (page_size <= 0) fb::fail(std::string(c.op) + ": page_size must be > 0; got " + std::to_string(page_size));
+  }
+  const int32_t* item_ptr = index_tensor(c, items, "items");
+  if (num_items < 0 || 2 * num_items > static_cast<int64_t>(items.shape(0)))
+    fb::fail(std::string(c.op) + ": the plan's work items do not fit its buffer (re-plan)");
+  if (m_tiles != 1 && m_tiles != 2) fb::fail(std::string(c.op) + ": m_tiles must be 1 or 2; got " + std::to_string(m_tiles));
+  const int32_t* mask_ind = nullptr;
+  if (mask) {
+    c.ndim_in(*mask, "packed_custom_mask", {1}, "1-D uint8 (bits packed little-endian)");
+    c.dtype_is(*mask, "packed_custom_mask", fb::DType::kU8);
+    if (mask->shape(0) > 1 && mask->stride(0) != 1) fb::fail(std::string(c.op) + ": packed_custom_mask must be contiguous");
+    if (!mask_indptr) fb::fail(std::string(c.op) + ": a custom mask needs mask_indptr");
+    mask_ind = index_tensor(c, *mask_indptr, "mask_indptr");
+  }
+  if (window_left < -1) fb::fail(std::string(c.op) + ": window_left must be >= -1; got " + std::to_string(window_left));
+  check_vectors(c, q, "q");
+  check_vectors(c, k, "k");
+  check_vectors(c, v, "v");
+  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
+      (out.shape(1) > 1 && out.stride(1) % 2))
+    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+  if (total_q * (hq / hkv) > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows || hkv > 65535)
+    fb::fail(std::string(c.op) + ": total_q * group_size must be < 2^31 and num_kv_heads <= 65535");
+  const int dev = c.cuda_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
+                                 {&kv_indptr, "kv_indptr"}, {&items, "items"}});
+  if (lse) c.cuda_device({{&q, "q"}, {&*lse, "lse"}});
+  if (mask) c.cuda_device({{&q, "q"}, {&*mask, "packed_custom_mask"}, {&*mask_indptr, "mask_indptr"}});
+  if (paged) c.cuda_device({{&q, "q"}, {&*page_indices, "paged_kv_indices"}, {&*last_page_len, "paged_kv_last_page_len"}});
+  if (num_items == 0 || hq == 0) return;
+  fb::DeviceGuard guard(c.op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(c.op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    PrefillParams<T> p{};
+    p.q = static_cast<const T*>(q.data());
+    p.k = static_cast<const T*>(k.data());
+    p.v = static_cast<const T*>(v.data());
+    p.o = static_cast<T*>(out.data());
+    p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
+    p.mask = mask ? static_cast<const uint8_t*>(mask->data()) : nullptr;
+    p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
+    p.k_stride_n = k.stride(ln), p.k_stride_h = k.stride(hn);
+    p.v_stride_n = v.stride(ln), p.v_stride_h = v.stride(hn);
+    p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
+    p.num_qo_heads = static_cast<int>(hq), p.num_kv_heads = static_cast<int>(hkv);
+    p.head_dim_qk = static_cast<int>(dqk), p.head_dim_vo = static_cast<int>(dvo);
+    p.causal = causal && !mask;
+    p.window_left = window_left;
+    p.sm_scale = static_cast<float>(sm_scale);
+    p.soft_cap = soft_cap > 0 ? static_cast<float>(soft_cap) : 0.f;
+    p.alibi = alibi;
+    p.v_scale = static_cast<float>(v_scale);
+    p.pdl = pdl;
+    p.qo_indptr = qo_ptr, p.kv_indptr = kv_ptr, p.page_indices = pages, p.last_page_len = last;
+    p.mask_indptr = mask_ind;
+    p.items = item_ptr, p.num_items = num_items;
+    p.page_size = paged ? page_size : 1;
+    if (paged) {
+      p.k_stride_page = k.stride(0), p.v_stride_page = v.stride(0);
+      p.num_pages = static_cast<int64_t>(k.shape(0));
+    }
+    const cudaError_t err = flashinfer::attention::BatchPrefill(p, m_tiles, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(c.op, err);
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_prefill, m) {
@@ -132,5 +300,11 @@ NB_MODULE(_prefill, m) {
   m.doc() = "flashinfer prefill attention kernels (DLPack tensors; see flashinfer.prefill)";
   m.def("single_prefill", &single_prefill, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mask"_a.none(), "kv_layout"_a,
         "causal"_a, "window_left"_a, "sm_scale"_a, "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
+  m.def("plan_batch", &plan_batch, "qo_lens"_a, "kv_lens"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim_qk"_a,
+        "head_dim_vo"_a, "num_sms"_a);
+  m.def("batch_prefill", &batch_prefill, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mask"_a.none(),
+        "mask_indptr"_a.none(), "qo_indptr"_a, "kv_indptr"_a, "page_indices"_a.none(), "last_page_len"_a.none(),
+        "items"_a, "num_items"_a, "m_tiles"_a, "page_size"_a, "kv_layout"_a, "causal"_a, "window_left"_a, "sm_scale"_a,
+        "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
   m.def("supported_dtypes", &fb::supported_dtypes);
 }

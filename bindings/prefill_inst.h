@@ -11,6 +11,8 @@
 namespace flashinfer {
 namespace attention {
 template <typename T>
-cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream);
+cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream);
+template <typename T>
+cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream);
 }  // namespace attention
 }  // namespace flashinfer

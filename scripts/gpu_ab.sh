@@ -6,6 +6,7 @@
 # reversed in every other round. Prints one table (scripts/sweep_table.py); logs under $OUT/ab.
 # A variant line may name its own modules in a third field ("label|flags|_norm _rope"); a variant
 # whose modules are " " (a blank third field that is not empty) uses the base build's modules.
+# EXTRA_CONFIGS adds sweep configs as they are ("label|PYTHONPATH=/a/package/built/elsewhere").
 #   VARIANTS=$'head|\nplain|-DFLASHINFER_EXP_X=0' MODULES="_norm _rope" \
 #     CASES=benchmarks/dev_cases_norm.txt ROUNDS=2 bash scripts/gpu_ab.sh
 set -uo pipefail
@@ -53,6 +54,7 @@ for j in $(seq 1 $i); do
   for m in ${mods[$((j - 1))]}; do cp "build/ab-$j/bindings/$m".*.so "$P/flashinfer/"; done
   configs+="${labels[$((j - 1))]}|PYTHONPATH=$P"$'\n'
 done
+configs+="${EXTRA_CONFIGS:-}"
 rounds=()
 for r in $(seq 1 "${ROUNDS:-2}"); do
   c="$configs"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Development loop on a GPU machine when only some families should be built: builds the
 # listed extension modules with CMake (all cores), assembles a package under build/devpkg,
-# runs the listed pytest files/args and bench arguments against it, summary last.
+# runs the listed pytest files/args (within TEST_TIMEOUT seconds) and bench arguments against it,
+# summary last.
 #   MODULES="_cuda _norm _decode" TESTS="tests/python/test_decode.py" BENCH="--routine batch_decode" \
 #     bash scripts/gpu_dev.sh
 set -uo pipefail
@@ -24,7 +25,7 @@ rm -rf build/devpkg && mkdir -p build/devpkg && cp -r python/flashinfer build/de
 export PYTHONPATH=$PWD/build/devpkg
 test_rc=0
 if [ -n "${TESTS:-}" ]; then
-  python3 -m pytest -q --maxfail=40 --tb=line -p no:cacheprovider ${TESTS} > "$OUT/dev-pytest.log" 2>&1
+  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q --maxfail=40 --tb=line -p no:cacheprovider ${TESTS} > "$OUT/dev-pytest.log" 2>&1
   test_rc=$?
 fi
 if [ -n "${HOST:-}" ]; then python3 benchmarks/host_overhead.py > "$OUT/dev-host.txt" 2>&1; fi

@@ -110,6 +110,44 @@ def test_two_m_tile_kernel(qo_len, kv_len, dqk, dtype, layout, causal, extra):
 
 
 @gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_single_prefill_under_torch_compile(mode):
+    """Spec 1.6: torch.compile(fullgraph=True) around single prefill (a torch custom op) runs and
+    matches the eager call; "reduce-overhead" replays it from a CUDA graph."""
+    q, k, v, _, _ = make_qkv(300, 700, 32, 8, 128, 128, B)
+
+    def fn(q, k, v):
+        o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
+        return o.float() * 2, lse
+
+    compiled = torch.compile(fn, fullgraph=True, mode=mode)
+    want = fn(q, k, v)
+    for _ in range(3):  # (reduce-overhead records the graph on a later call)
+        got = compiled(q, k, v)
+        torch.cuda.synchronize()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_custom_op_fake_shapes():
+    """The custom op's fake function (what torch.compile traces) gives o [qo, Hq, Dvo] in o_dtype or
+    q's dtype, and lse [qo, Hq] (or an empty placeholder without return_lse)."""
+    ops = pytest.importorskip("flashinfer._torch_ops")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(5, 8, 192, dtype=B)
+        k = torch.empty(7, 2, 192, dtype=B)
+        v = torch.empty(7, 2, 128, dtype=B)
+        op = torch.ops.flashinfer.single_prefill_with_kv_cache
+        o, lse = op(q, k, v, None, None, True, "NHD", "NONE", None, -1, None, None, None, "auto", True, None, None, None)
+        assert o.shape == (5, 8, 128) and o.dtype == B and lse.shape == (5, 8) and lse.dtype == torch.float32
+        o, lse = op(q, k, v, None, None, False, "NHD", "NONE", None, -1, None, None, None, "auto", False, None, None,
+                    "float16")
+        assert o.dtype == H and lse.shape == (0,)
+    assert ops.single_prefill is not None
+
+
+@gpu
 @pytest.mark.smoke
 def test_single_prefill_smoke():
     test_single_prefill(CASES[8])

@@ -17,6 +17,12 @@
 #include "prefill.h"
 #include "state.h"
 
+// Plain tiles' softmax scale inside exp2's FFMA (see PrefillKernel): -1 (default) batch kernels
+// and head_dim 64, 0 never, 1 always.
+#ifndef FLASHINFER_PREFILL_FUSED_SCALE
+#define FLASHINFER_PREFILL_FUSED_SCALE -1
+#endif
+
 namespace flashinfer {
 namespace attention {
 namespace detail {
@@ -49,6 +55,21 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
   }
 }
 
+// The same for a paged cache: row r is entry tab[r].y of page tab[r].x (page -1: a zero row).
+template <int kRowBytes, int kKeys, typename T>
+FLASHINFER_DEVICE void prefill_load_paged_rows(char* dst, const T* base, int64_t stride_page, int64_t stride_n,
+                                               const int2* tab) {
+  constexpr int kChunks = kRowBytes / 16;
+  FLASHINFER_UNROLL
+  for (int i = threadIdx.x; i < kKeys * kChunks; i += kPrefillThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int2 e = tab[r];
+    const bool ok = e.x >= 0;
+    cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c),
+                             base + (ok ? e.x * stride_page + e.y * stride_n : 0) + c * 8, ok);
+  }
+}
+
 // 2^x by the special-function unit (ex2.approx.ftz: 2^-inf = 0, ~2 ulp), as the softmax needs.
 FLASHINFER_DEVICE float fast_exp2(float x) {
 #if defined(__CUDA_ARCH__)
@@ -64,8 +85,11 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 
 // kMT: 16-row M tiles per warp (prefill_m_tiles): each K / V fragment read from shared memory
 // feeds kMT MMAs.
-template <typename T, int kDQK, int kDVO, int kMT>
-__global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const SinglePrefillParams<T> p) {
+// kMode: one request (p.items null; its offsets compile to zeros), or a batch of work items
+// with ragged or paged keys.
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle>
+__global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams<T> p) {
+  constexpr bool kPaged = kMode == PrefillMode::kPaged;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
@@ -80,12 +104,26 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int grp = lane >> 2, tig = lane & 3;
   const int group = p.num_qo_heads / p.num_kv_heads, kv_head = blockIdx.y;
-  const int64_t rows = p.qo_len * group, delta = p.kv_len - p.qo_len;
-  // causal: the tiles of later rows see more keys; start them first
-  const int64_t tile = p.causal && !p.mask ? int64_t{gridDim.x} - 1 - blockIdx.x : int64_t{blockIdx.x};
+  pdl_wait();  // (the batch's index arrays may come from the previous kernel)
+  // This CTA's request and row tile; single prefill: request 0, causal tiles of later rows (they
+  // see more keys) first.
+  int64_t b = 0, tile = p.causal && !p.mask ? int64_t{gridDim.x} - 1 - blockIdx.x : int64_t{blockIdx.x};
+  int64_t q0 = 0, qo_len = p.qo_len, kv_len = p.kv_len, kv_base = 0, mask_bit0 = 0;
+  if constexpr (kMode != PrefillMode::kSingle) {
+    b = p.items[2 * blockIdx.x];
+    tile = p.items[2 * blockIdx.x + 1];
+    q0 = p.qo_indptr[b];
+    qo_len = p.qo_indptr[b + 1] - q0;
+    kv_base = p.kv_indptr[b];
+    const int64_t n = p.kv_indptr[b + 1] - kv_base;  // keys (ragged) or pages (paged)
+    kv_len = !kPaged ? n : n > 0 ? (n - 1) * p.page_size + p.last_page_len[b] : 0;
+    if (p.mask) mask_bit0 = int64_t{p.mask_indptr[b]} * 8;
+  }
+  const int64_t rows = qo_len * group, delta = kv_len - qo_len;
   const int64_t pr0 = tile * kRows;
+  if (pr0 >= rows) return;
   const int64_t pr_end = pr0 + kRows < rows ? pr0 + kRows : rows;
-  const KeyRange kr = prefill_key_range(pr0, pr_end, group, p.qo_len, p.kv_len, p.causal, p.window_left, p.mask != nullptr);
+  const KeyRange kr = prefill_key_range(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left, p.mask != nullptr);
   const int64_t kv_first = kr.begin / kKeys * kKeys;
   const int64_t n_tiles = kr.end > kv_first ? ceil_div<int64_t>(kr.end - kv_first, kKeys) : 0;
 
@@ -94,13 +132,12 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
   const int64_t my_pr0 = pr0 + warp * kWarpRows + grp;
   auto row_of = [&](int mt, int h) { return my_pr0 + mt * 16 + 8 * h; };
   auto token_of = [&](int64_t pr) { return static_cast<int>((pr < rows ? pr : rows - 1) / group); };
-  const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(p.kv_len);
+  const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(kv_len);
   const bool soft_cap = p.soft_cap > 0.f;
   const bool plain = !soft_cap && !p.alibi;
   const float s_scale = soft_cap ? p.sm_scale / p.soft_cap : p.sm_scale * detail::kLog2e;
   const float cap_log2 = p.soft_cap * detail::kLog2e;
 
-  pdl_wait();
   // Q tile: packed row r = token * group + (q head - kv_head * group); rows past the end are zero.
   for (int i = tid; i < kRows * kChunksQK; i += kPrefillThreads) {
     const int r = i / kChunksQK, c = i % kChunksQK;
@@ -108,16 +145,52 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
     const bool ok = pr < rows;
     const int64_t t = ok ? pr / group : 0;
     const int64_t head = kv_head * group + (ok ? pr - t * group : 0);
-    cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c), p.q + t * p.q_stride_n + head * p.q_stride_h + c * 8,
-                             ok);
+    cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c),
+                             p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
-  auto load_kv = [&](int stage, int64_t kv0) {
-    const int valid = static_cast<int>(p.kv_len - kv0 < kKeys ? p.kv_len - kv0 : kKeys);
-    detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
-                                      p.k + kv0 * p.k_stride_n + int64_t{kv_head} * p.k_stride_h, p.k_stride_n, valid);
-    detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
-                                      p.v + kv0 * p.v_stride_n + int64_t{kv_head} * p.v_stride_h, p.v_stride_n, valid);
+  // Paged: the (page, entry) of every key row of a stage's tile, written a tile ahead, so the
+  // copies issue without a dependent index load. Page -1: a zero row (past kv_len, or an id
+  // outside the cache). page_id / page_row: the id load (early) and the table entry (late).
+  __shared__ int2 page_tab[kPaged ? 2 : 1][kPaged ? kKeys : 1];
+  auto page_id = [&](int64_t kv0, int r) -> int {
+    if (kv0 + r >= kv_len) return -1;
+    const int64_t id = p.page_indices[kv_base + (kv0 + r) / p.page_size];
+    return id >= 0 && id < p.num_pages ? static_cast<int>(id) : -1;
   };
+  auto page_row = [&](int64_t kv0, int r, int id) {
+    return make_int2(id, static_cast<int>((kv0 + r) % p.page_size));
+  };
+  if constexpr (kPaged) {
+    if (tid < kKeys) {
+      for (int s = 0; s < 2 && s < n_tiles; ++s) {
+        const int64_t kv0 = kv_first + s * kKeys;
+        page_tab[s][tid] = page_row(kv0, tid, page_id(kv0, tid));
+      }
+    }
+    __syncthreads();
+  }
+  // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
+  auto load_kv = [&](int stage, int64_t kv0) {
+    if constexpr (kPaged) {
+      detail::prefill_load_paged_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, p.k + int64_t{kv_head} * p.k_stride_h,
+                                                     p.k_stride_page, p.k_stride_n, page_tab[stage]);
+      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
+                                                     p.v_stride_page, p.v_stride_n, page_tab[stage]);
+    } else {
+      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+      detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
+                                               p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
+                                               p.k_stride_n, valid);
+      detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
+                                               p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
+                                               p.v_stride_n, valid);
+    }
+  };
+  // kFusedScale: H200 A/B (NOTES, session 18): 2-3% faster for batch and head_dim 64, 1.5%
+  // slower for single-request head_dim 128.
+  constexpr bool kFusedScale = FLASHINFER_PREFILL_FUSED_SCALE < 0
+                                   ? kMode != PrefillMode::kSingle || kDQK == 64
+                                   : FLASHINFER_PREFILL_FUSED_SCALE != 0;
   if (n_tiles > 0) load_kv(0, kv_first);
   cp_async::commit();
 
@@ -139,10 +212,16 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
     const int64_t kv0 = kv_first + it * kKeys;
     if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
     cp_async::commit();
-    cp_async::wait(1);
+    cp_async::wait(1);  // this tile's K and V have landed
     __syncthreads();
     const char* ks = sK + (it & 1) * kKeys * kRowQK;
     const char* vs = sV + (it & 1) * kKeys * kRowVO;
+    // Paged: tile it + 2's page ids, loaded now and written to this stage's table at the end
+    // (its copies have been issued; the loop's last barrier publishes the table).
+    [[maybe_unused]] int next_id = -1;
+    if constexpr (kPaged) {
+      if (tid < kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, tid);
+    }
 
     // S = Q K^T: kMT x 16 rows x kKeys keys per warp.
     float sc[kMT][kNT][4];
@@ -175,10 +254,15 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
     // custom mask) the general path, key indices in 32 bits (validate()).
-    const bool full = kv0 + kKeys <= p.kv_len && !p.mask &&
+    const bool full = kv0 + kKeys <= kv_len && !p.mask &&
                       !(p.causal && kv0 + kKeys - 1 > w_tok_lo + delta) &&
                       !(p.window_left >= 0 && kv0 < w_tok_hi + delta - p.window_left);
-    if (full && plain) {
+    // mul: with kFusedScale a plain tile keeps its raw scores and the scale goes into the max and
+    // into exp2's argument (one FFMA); 1 where the scores are scaled here.
+    float mul = 1.f;
+    if (full && plain && kFusedScale && s_scale > 0.f) {
+      mul = s_scale;
+    } else if (full && plain) {
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
@@ -202,7 +286,7 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
           const int hi = p.causal && !p.mask && diag + 1 < kv_len32 ? diag + 1 : kv_len32;  // (a mask replaces causal)
           const int head = kv_head * group + static_cast<int>((pr < rows ? pr : rows - 1) - int64_t{t} * group);
           const float slope = p.alibi ? detail::alibi_slope(head, p.num_qo_heads) * detail::kLog2e : 0.f;
-          const int64_t mbase = int64_t{t} * kv_len32;
+          const int64_t mbase = mask_bit0 + int64_t{t} * kv_len32;
           FLASHINFER_UNROLL
           for (int n = 0; n < kNT; ++n) {
             FLASHINFER_UNROLL
@@ -229,7 +313,7 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
         FLASHINFER_UNROLL
         for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)) * mul;
         const float m_new = fmaxf(m[mt][h], mx);
         const float base = m_new == neg_inf() ? 0.f : m_new;  // nothing seen yet: every p is 0
         const float alpha = detail::fast_exp2(m[mt][h] - base);
@@ -239,7 +323,7 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
         for (int n = 0; n < kNT; ++n) {
           FLASHINFER_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const float pv = detail::fast_exp2(sc[mt][n][2 * h + e] - base);
+            const float pv = detail::fast_exp2(fmaf(sc[mt][n][2 * h + e], mul, -base));
             sc[mt][n][2 * h + e] = pv;
             sum += pv;
           }
@@ -276,6 +360,9 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
         }
       }
     }
+    if constexpr (kPaged) {
+      if (tid < kKeys && it + 2 < n_tiles) page_tab[it & 1][tid] = page_row(kv0 + 2 * kKeys, tid, next_id);
+    }
     __syncthreads();  // the stage is refilled by the next iteration's copies
   }
   cp_async::wait(0);
@@ -293,64 +380,80 @@ __global__ void __launch_bounds__(kPrefillThreads) SinglePrefillKernel(const Sin
       const int64_t t = pr / group;
       const int qh = kv_head * group + static_cast<int>(pr - t * group);
       const float inv = den > 0.f ? p.v_scale / den : 0.f;
-      T* orow = p.o + t * p.o_stride_n + int64_t{qh} * p.o_stride_h;
+      T* orow = p.o + (q0 + t) * p.o_stride_n + int64_t{qh} * p.o_stride_h;
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         const uint32_t w = mma::pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + n * 8 + tig * 2) = w;
       }
       if (p.lse && tig == 0)
-        p.lse[t * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
+        p.lse[(q0 + t) * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
     }
   }
   pdl_launch_dependents();
 }
 
-// The kernel of one (head_dim_qk, head_dim_vo, m_tiles) choice (null: not built).
+// The kernel of one (head_dim_qk, head_dim_vo, m_tiles, mode) choice (null: not built).
 template <typename T>
-using SinglePrefillKernelPtr = void (*)(const SinglePrefillParams<T>);
-template <typename T>
-SinglePrefillKernelPtr<T> single_prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
+using PrefillKernelPtr = void (*)(const PrefillParams<T>);
+template <typename T, PrefillMode kMode = PrefillMode::kSingle>
+PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
   const bool two = m_tiles == 2;
   if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
-  if (head_dim_qk == 64 && head_dim_vo == 64) return two ? SinglePrefillKernel<T, 64, 64, 2> : SinglePrefillKernel<T, 64, 64, 1>;
+  if (head_dim_qk == 64 && head_dim_vo == 64)
+    return two ? PrefillKernel<T, 64, 64, 2, kMode> : PrefillKernel<T, 64, 64, 1, kMode>;
   if (head_dim_qk == 128 && head_dim_vo == 128)
-    return two ? SinglePrefillKernel<T, 128, 128, 2> : SinglePrefillKernel<T, 128, 128, 1>;
-  if (head_dim_qk == 256 && head_dim_vo == 256) return SinglePrefillKernel<T, 256, 256, 1>;
-  if (head_dim_qk == 192 && head_dim_vo == 128) return SinglePrefillKernel<T, 192, 128, 1>;
+    return two ? PrefillKernel<T, 128, 128, 2, kMode> : PrefillKernel<T, 128, 128, 1, kMode>;
+  if (head_dim_qk == 256 && head_dim_vo == 256) return PrefillKernel<T, 256, 256, 1, kMode>;
+  if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kMode>;
   return nullptr;
 }
 
 namespace detail {
-template <typename T, int kDQK, int kDVO, int kMT>
-cudaError_t launch_single_prefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
-  constexpr SinglePrefillKernelPtr<T> kKernel = SinglePrefillKernel<T, kDQK, kDVO, kMT>;
-  const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, kMT);
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode>
+cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
+  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode>;
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO, kMT));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
-  return launch(kKernel, dim3(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads)),
+  return launch(kKernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads)),
                 dim3(kPrefillThreads), smem, stream, p.pdl, p);
+}
+template <typename T, PrefillMode kMode>
+cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
+  const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
+  const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
+  if (dqk == 64 && dvo == 64)
+    return two ? launch_prefill<T, 64, 64, 2, kMode>(p, grid_x, stream)
+               : launch_prefill<T, 64, 64, 1, kMode>(p, grid_x, stream);
+  if (dqk == 128 && dvo == 128)
+    return two ? launch_prefill<T, 128, 128, 2, kMode>(p, grid_x, stream)
+               : launch_prefill<T, 128, 128, 1, kMode>(p, grid_x, stream);
+  if (dqk == 256 && dvo == 256) return launch_prefill<T, 256, 256, 1, kMode>(p, grid_x, stream);
+  if (dqk == 192 && dvo == 128) return launch_prefill<T, 192, 128, 1, kMode>(p, grid_x, stream);
+  return cudaErrorInvalidValue;
 }
 }  // namespace detail
 
 // Launches single-request prefill on `stream` (T: __half or __nv_bfloat16).
 template <typename T>
-cudaError_t SinglePrefill(const SinglePrefillParams<T>& p, cudaStream_t stream) {
-  if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
+cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream) {
+  if (validate(p) != Status::kSuccess || p.items) return cudaErrorInvalidValue;
   if (p.qo_len == 0 || p.num_qo_heads == 0) return cudaSuccess;
   DeviceInfo info;
   FLASHINFER_CUDA_TRY(current_device_info(&info));
-  const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
-  const bool two = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, dqk, dvo, info.num_sms) == 2;
-  if (dqk == 64 && dvo == 64)
-    return two ? detail::launch_single_prefill<T, 64, 64, 2>(p, stream)
-               : detail::launch_single_prefill<T, 64, 64, 1>(p, stream);
-  if (dqk == 128 && dvo == 128)
-    return two ? detail::launch_single_prefill<T, 128, 128, 2>(p, stream)
-               : detail::launch_single_prefill<T, 128, 128, 1>(p, stream);
-  if (dqk == 256 && dvo == 256) return detail::launch_single_prefill<T, 256, 256, 1>(p, stream);
-  if (dqk == 192 && dvo == 128) return detail::launch_single_prefill<T, 192, 128, 1>(p, stream);
-  return cudaErrorInvalidValue;
+  const int mt = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo, info.num_sms);
+  const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
+  return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, stream);
+}
+
+// Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
+// p.page_indices is set) on `stream`.
+template <typename T>
+cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
+  if (validate_batch(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
+  return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, stream)
+                        : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, stream);
 }
 
 }  // namespace attention

@@ -15,7 +15,9 @@
 // of kPrefillRows; a CTA runs one (row tile, KV head) pair over the keys its rows can see.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "../config.h"
 #include "../status.h"
@@ -45,8 +47,12 @@ FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int
   return ctas >= int64_t{2} * num_sms ? 2 : 1;
 }
 
+// Where a prefill kernel's rows and keys come from: one request, or a batch of work items
+// (request, row tile) with ragged or paged keys.
+enum class PrefillMode { kSingle, kRagged, kPaged };
+
 template <typename T>
-struct SinglePrefillParams {
+struct PrefillParams {
   const T* q;  // [qo_len, num_qo_heads, head_dim_qk] via q_stride_n / q_stride_h (elements)
   const T* k;  // [kv_len, num_kv_heads, head_dim_qk] via k_stride_n / k_stride_h (NHD or HND)
   const T* v;  // [kv_len, num_kv_heads, head_dim_vo] via v_stride_n / v_stride_h
@@ -63,6 +69,23 @@ struct SinglePrefillParams {
   bool alibi;
   float v_scale;     // multiplies o (not lse)
   bool pdl;
+  // Batch (all null for one request): request b owns q / o / lse rows [qo_indptr[b],
+  // qo_indptr[b + 1]) and its keys are either ragged (k / v rows [kv_indptr[b], kv_indptr[b + 1]),
+  // page_indices null) or paged (pages page_indices[kv_indptr[b] .. kv_indptr[b + 1]), token t at
+  // page t / page_size, entry t % page_size, k + page * k_stride_page + entry * k_stride_n;
+  // kv_len = (pages - 1) * page_size + last_page_len[b], 0 without pages). The mask of request b
+  // starts at byte mask_indptr[b] (its [qo_len_b, kv_len_b] bits, little-endian). The grid's x
+  // runs over `items` (request, row tile) pairs of prefill_plan_batch.
+  const int32_t* qo_indptr;
+  const int32_t* kv_indptr;
+  const int32_t* page_indices;
+  const int32_t* last_page_len;
+  const int32_t* mask_indptr;
+  const int32_t* items;  // [num_items][2]: request, row tile
+  int64_t num_items;
+  int page_size;
+  int64_t k_stride_page, v_stride_page;
+  int64_t num_pages;  // pages of the cache tensors (page ids outside [0, num_pages) read as zeros)
 };
 
 // The head-dim pairs the kernels are built for.
@@ -106,8 +129,27 @@ FLASHINFER_HOST_DEVICE PrefillGrid prefill_grid(int64_t qo_len, int num_qo_heads
   return {ceil_div<int64_t>(qo_len * group, prefill_rows(m_tiles)), num_kv_heads};
 }
 
+// The batch's work items (request, row tile) for packed rows of prefill_rows(m_tiles): every
+// row tile of every request once, the requests with the most keys first (their CTAs run
+// longest). qo_lens / kv_lens: per request (host copies, as plan() has them).
+inline std::vector<int32_t> prefill_plan_batch(const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens,
+                                               int group, int m_tiles) {
+  std::vector<int32_t> order(qo_lens.size());
+  for (size_t b = 0; b < order.size(); ++b) order[b] = static_cast<int32_t>(b);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return kv_lens[a] > kv_lens[b]; });
+  std::vector<int32_t> items;
+  for (int32_t b : order) {
+    const int64_t tiles = ceil_div<int64_t>(qo_lens[b] * group, prefill_rows(m_tiles));
+    for (int64_t t = tiles - 1; t >= 0; --t) {  // (causal: later rows see more keys)
+      items.push_back(b);
+      items.push_back(static_cast<int32_t>(t));
+    }
+  }
+  return items;
+}
+
 template <typename T>
-Status validate(const SinglePrefillParams<T>& p) {
+Status validate(const PrefillParams<T>& p) {
   if (p.qo_len < 0 || p.kv_len < 0 || p.num_qo_heads < 0 || p.num_kv_heads <= 0) return Status::kInvalidArgument;
   if (p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
   if (!prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo)) return Status::kUnsupported;
@@ -120,6 +162,20 @@ Status validate(const SinglePrefillParams<T>& p) {
   if (p.qo_len * group > (int64_t{1} << 31) - 1 - kPrefillMaxRows || p.kv_len > (int64_t{1} << 31) - 1 - kPrefillKeys)
     return Status::kUnsupported;
   if (p.num_kv_heads > 65535) return Status::kUnsupported;
+  return Status::kSuccess;
+}
+
+// What the batch launch assumes; the binding has already produced friendlier messages.
+template <typename T>
+Status validate_batch(const PrefillParams<T>& p) {
+  if (p.num_qo_heads < 0 || p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
+  if (!prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo)) return Status::kUnsupported;
+  if (p.window_left < -1 || !(p.sm_scale == p.sm_scale) || p.soft_cap < 0.f) return Status::kInvalidArgument;
+  if ((p.num_items < 0) || (p.num_items > (int64_t{1} << 31) - 1) || (p.num_kv_heads > 65535)) return Status::kUnsupported;
+  if (p.num_items == 0) return Status::kSuccess;
+  if (!p.items || !p.qo_indptr || !p.kv_indptr || !p.q || !p.o || !p.k || !p.v) return Status::kInvalidArgument;
+  if (p.mask && !p.mask_indptr) return Status::kInvalidArgument;
+  if (p.page_indices && (!p.last_page_len || p.page_size <= 0 || p.num_pages < 0)) return Status::kInvalidArgument;
   return Status::kSuccess;
 }
 

@@ -1,4 +1,9 @@
-"""Bench routine for prefill attention: ``single_prefill`` (one request, contiguous K/V).
+"""Bench routines for prefill attention: ``single_prefill`` (one request, contiguous K/V) and
+``batch_prefill`` (BatchPrefillWithPagedKVCacheWrapper: ``--batch-size`` requests of ``--qo-len``
+query tokens over ``--kv-len`` keys each, in a paged cache of ``--page-size`` (16) pages in random
+order, or with ``--ragged`` BatchPrefillWithRaggedKVCacheWrapper over the same keys stored
+contiguously; plan once, time ``run``), e.g. ``--routine batch_prefill --batch-size 4 --qo-len 1024
+--kv-len 1024 --causal``. batch_prefill is registered but not in the default suite.
 
 FLOPs = 2 * (head_dim_qk + head_dim_vo) * num_qo_heads * (visible query-key pairs): QK^T and PV,
 a multiply-add counting 2; without a mask every pair is visible (4 * qo_len * kv_len * H * D
@@ -7,7 +12,8 @@ kv_len - qo_len + 1) keys, about half the pairs when qo_len == kv_len. Reported 
 as the fraction of the 775 TFLOP/s bf16 GEMM ceiling (timing.MATMUL_CEILING_TFLOPS). The
 PyTorch reference is ``F.scaled_dot_product_attention(..., enable_gqa=True)`` on [1, H, L, D]
 copies made beforehand (not timed), ``is_causal`` when qo_len == kv_len, else the bottom-right
-mask as a boolean ``attn_mask``.
+mask as a boolean ``attn_mask``; for batch_prefill on the batched [B, H, L, D] copies (K / V
+gathered from the pages beforehand), FLOPs summed over the requests.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     add("--causal", action="store_true", help="single_prefill: bottom-right causal mask")
     add("--kv-layout", default="NHD", choices=["NHD", "HND"])
     add("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE")
+    add("--ragged", action="store_true", help="batch_prefill: contiguous (ragged) K/V instead of a paged cache")
 
 
 def visible_pairs(qo_len: int, kv_len: int, causal: bool) -> int:
@@ -79,8 +86,66 @@ def single_prefill(torch, args) -> Case:
                 "SDPA enable_gqa", flops=flops)
 
 
+_BATCH_PREFILL_MAX_TOKENS = 1 << 20
+
+
+def batch_prefill(torch, args) -> Case:
+    b, qo, kv = args.batch_size, args.qo_len, args.kv_len
+    ps = getattr(args, "page_size", 16)
+    hq, hkv, d = args.num_qo_heads, args.num_kv_heads, args.head_dim
+    dvo = args.head_dim_vo or d
+    causal, layout = args.causal, args.kv_layout
+    if b * max(qo, kv) > _BATCH_PREFILL_MAX_TOKENS:
+        raise SystemExit(f"batch_prefill: --batch-size {b} x {max(qo, kv)} tokens is over {_BATCH_PREFILL_MAX_TOKENS}; "
+                         "pass a smaller --batch-size (its default, 4096, is the row count of the row-wise routines)")
+    dt = _dtype(torch, args.dtype)
+    pages_per = (kv + ps - 1) // ps
+    total = b * pages_per
+    hnd = layout == "HND"
+    shape = (lambda dd: (total, hkv, ps, dd)) if hnd else (lambda dd: (total, ps, hkv, dd))
+    k_cache = torch.randn(shape(d), dtype=dt, device="cuda")
+    v_cache = torch.randn(shape(dvo), dtype=dt, device="cuda")
+    indices = torch.randperm(total, device="cuda").int()
+    kv_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * pages_per
+    last = torch.full((b,), kv - (pages_per - 1) * ps, dtype=torch.int32, device="cuda")
+    qo_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * qo
+    q = torch.randn(b * qo, hq, d, dtype=dt, device="cuda")
+    out = torch.empty(b * qo, hq, dvo, dtype=dt, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout)
+    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, ps, head_dim_vo=dvo, causal=causal, q_data_type=dt)
+    cache = (k_cache, v_cache)
+    run, run_out = (lambda: w.run(q, cache)), (lambda: w.run(q, cache, out=out))
+    # reference inputs [B, H, L, D], contiguous: K / V gathered from the pages
+    def gather(c):
+        pages = c[indices.long().view(b, pages_per)]  # [B, pages, ps, H, D] or [B, pages, H, ps, D]
+        if hnd:
+            pages = pages.transpose(2, 3)
+        return pages.reshape(b, pages_per * ps, hkv, -1)[:, :kv].transpose(1, 2).contiguous()
+
+    qs, ks, vs = q.view(b, qo, hq, d).transpose(1, 2).contiguous(), gather(k_cache), gather(v_cache)
+    if args.ragged:  # the same keys, contiguous per request: [B * kv, H, D]
+        kr, vr = (x.transpose(1, 2).reshape(b * kv, hkv, -1).contiguous() for x in (ks, vs))
+        kv_rows = torch.arange(b + 1, dtype=torch.int32, device="cuda") * kv
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt)
+        run, run_out = (lambda: w.run(q, kr, vr)), (lambda: w.run(q, kr, vr, out=out))
+    F = torch.nn.functional
+    if causal and qo != kv:
+        mask = torch.ones(qo, kv, dtype=torch.bool, device="cuda").tril(kv - qo)
+        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)  # noqa: E731
+    else:
+        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)  # noqa: E731
+
+    flops = b * 2 * (d + dvo) * hq * visible_pairs(qo, kv, causal)
+    tag = (" causal" if causal else "") + (" ragged" if args.ragged else (" HND" if hnd else "") + f" ps{ps}")
+    dims = f"{d}" if dvo == d else f"{d}/{dvo}"
+    return Case("batch_prefill", f"{b}x{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, run, run_out, ref, "SDPA enable_gqa", flops=flops,
+                extra={"m_tiles": w._m_tiles, "work_items": w._num_items})
+
+
 register(
-    {"single_prefill": single_prefill},
+    {"single_prefill": single_prefill, "batch_prefill": batch_prefill},
     [
         "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
         "--causal",

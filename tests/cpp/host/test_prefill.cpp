@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
 #include "check.h"
 #include "flashinfer/attention/prefill.h"
@@ -88,16 +89,44 @@ void test_grid_and_smem() {
   CHECK(prefill_m_tiles(16384, 32, 8, 192, 128, 132) == 1);
 }
 
+// prefill_plan_batch: every row tile of every request once, requests with more keys first.
+void test_plan_batch() {
+  const std::vector<int64_t> qo{3, 100, 0, 64, 65}, kv{10, 200, 5, 64, 300};
+  for (int group : {1, 4, 7}) {
+    for (int mt : {1, 2}) {
+      const std::vector<int32_t> items = prefill_plan_batch(qo, kv, group, mt);
+      CHECK(items.size() % 2 == 0);
+      std::vector<std::vector<int>> seen(qo.size());
+      int64_t prev_kv = INT64_MAX;
+      for (size_t i = 0; i < items.size(); i += 2) {
+        const int b = items[i], t = items[i + 1];
+        CHECK(b >= 0 && b < static_cast<int>(qo.size()));
+        CHECK(t >= 0 && int64_t{t} * prefill_rows(mt) < qo[b] * group);
+        CHECK(kv[b] <= prev_kv);
+        prev_kv = kv[b];
+        seen[b].push_back(t);
+      }
+      for (size_t b = 0; b < qo.size(); ++b) {
+        const int64_t tiles = (qo[b] * group + prefill_rows(mt) - 1) / prefill_rows(mt);
+        std::sort(seen[b].begin(), seen[b].end());
+        CHECK(static_cast<int64_t>(seen[b].size()) == tiles);
+        for (int64_t t = 0; t < static_cast<int64_t>(seen[b].size()); ++t) CHECK(seen[b][t] == t);
+      }
+    }
+  }
+  CHECK(prefill_plan_batch({}, {}, 4, 1).empty());
+}
+
 void test_validate() {
   using flashinfer::Status;
-  SinglePrefillParams<uint16_t> p{};
+  PrefillParams<uint16_t> p{};
   static uint16_t buf[16];
   p.q = p.k = p.v = buf;
   p.o = buf;
   p.qo_len = 4, p.kv_len = 9, p.num_qo_heads = 8, p.num_kv_heads = 2, p.head_dim_qk = p.head_dim_vo = 128;
   p.window_left = -1, p.sm_scale = 0.1f, p.v_scale = 1.f;
   CHECK(validate(p) == Status::kSuccess);
-  SinglePrefillParams<uint16_t> b = p;
+  PrefillParams<uint16_t> b = p;
   b.num_qo_heads = 7;  // not a multiple of the KV heads
   CHECK(validate(b) == Status::kInvalidArgument);
   b = p, b.head_dim_qk = b.head_dim_vo = 96;
@@ -112,6 +141,21 @@ void test_validate() {
   CHECK(validate(b) == Status::kSuccess);
   b = p, b.qo_len = int64_t{1} << 31;
   CHECK(validate(b) == Status::kUnsupported);
+  // the batch launch's checks
+  static int32_t idx[4] = {0, 1, 0, 0};
+  b = p, b.num_items = 1, b.items = idx, b.qo_indptr = idx, b.kv_indptr = idx;
+  CHECK(validate_batch(b) == Status::kSuccess);
+  PrefillParams<uint16_t> c = b;
+  c.items = nullptr;
+  CHECK(validate_batch(c) == Status::kInvalidArgument);
+  c = b, c.mask = reinterpret_cast<const uint8_t*>(idx);  // a mask without its segment offsets
+  CHECK(validate_batch(c) == Status::kInvalidArgument);
+  c = b, c.page_indices = idx;  // paged without last_page_len / page_size
+  CHECK(validate_batch(c) == Status::kInvalidArgument);
+  c.last_page_len = idx, c.page_size = 16;
+  CHECK(validate_batch(c) == Status::kSuccess);
+  c = b, c.num_items = 0, c.items = nullptr;
+  CHECK(validate_batch(c) == Status::kSuccess);
 }
 
 }  // namespace
@@ -119,6 +163,7 @@ void test_validate() {
 int main() {
   test_key_range();
   test_grid_and_smem();
+  test_plan_batch();
   test_validate();
   return test::finish("test_prefill");
 }
