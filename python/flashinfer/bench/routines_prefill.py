@@ -8,7 +8,10 @@ contiguously; plan once, time ``run``), e.g. ``--routine batch_prefill --batch-s
 FLOPs = 2 * (head_dim_qk + head_dim_vo) * num_qo_heads * (visible query-key pairs): QK^T and PV,
 a multiply-add counting 2; without a mask every pair is visible (4 * qo_len * kv_len * H * D
 when the head dims are equal), with ``--causal`` (bottom-right) row i sees min(kv_len, i +
-kv_len - qo_len + 1) keys, about half the pairs when qo_len == kv_len. Reported as TFLOP/s and
+kv_len - qo_len + 1) keys, about half the pairs when qo_len == kv_len. ``block_sparse``
+(BlockSparseAttentionWrapper: ``--qo-len`` x ``--kv-len`` with ``--block-r`` x ``--block-c``
+blocks, a random ``--density`` of them kept) counts the pairs its mask keeps; its reference is
+SDPA with the dense bool mask. Reported as TFLOP/s and
 as the fraction of the 775 TFLOP/s bf16 GEMM ceiling (timing.MATMUL_CEILING_TFLOPS). The
 PyTorch reference is ``F.scaled_dot_product_attention(..., enable_gqa=True)`` on [1, H, L, D]
 copies made beforehand (not timed), ``is_causal`` when qo_len == kv_len, else the bottom-right
@@ -42,6 +45,9 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     add("--kv-layout", default="NHD", choices=["NHD", "HND"])
     add("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE")
     add("--ragged", action="store_true", help="batch_prefill: contiguous (ragged) K/V instead of a paged cache")
+    add("--block-r", type=int, default=64, help="block_sparse: rows per block (R); M = --qo-len, N = --kv-len")
+    add("--block-c", type=int, default=64, help="block_sparse: keys per block (C)")
+    add("--density", type=float, default=0.25, help="block_sparse: fraction of the blocks kept (random)")
 
 
 def visible_pairs(qo_len: int, kv_len: int, causal: bool) -> int:
@@ -144,8 +150,36 @@ def batch_prefill(torch, args) -> Case:
                 extra={"m_tiles": w._m_tiles, "work_items": w._num_items})
 
 
+def block_sparse(torch, args) -> Case:
+    m, n, r, c = args.qo_len, args.kv_len, args.block_r, args.block_c
+    hq, hkv, d = args.num_qo_heads, args.num_kv_heads, args.head_dim
+    if n % c:
+        raise SystemExit(f"block_sparse: --kv-len {n} must be a multiple of --block-c {c}")
+    dt = _dtype(torch, args.dtype)
+    mb, nb = -(-m // r), n // c
+    g = torch.Generator().manual_seed(0)
+    keep = torch.rand(mb, nb, generator=g) < args.density
+    indptr = torch.zeros(mb + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(keep.sum(1), 0)
+    indices = torch.nonzero(keep)[:, 1].int()  # row-major: block row by block row
+    q = torch.randn(m, hq, d, dtype=dt, device="cuda")
+    k = torch.randn(n, hkv, d, dtype=dt, device="cuda")
+    v = torch.randn(n, hkv, d, dtype=dt, device="cuda")
+    w = flashinfer.BlockSparseAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(indptr.cuda(), indices.cuda(), m, n, r, c, hq, hkv, d, q_data_type=dt, o_data_type=dt)
+    out = torch.empty(m, hq, d, dtype=dt, device="cuda")
+    dense = keep.repeat_interleave(r, 0)[:m].repeat_interleave(c, 1).cuda()  # [M, N]
+    qs, ks, vs = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+    F = torch.nn.functional
+    ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=dense, enable_gqa=True)  # noqa: E731
+    flops = 2 * 2 * d * hq * int(dense.sum())
+    return Case("block_sparse", f"{m}x{n} R{r}C{c} {args.density:g} {hq}/{hkv}x{d}", args.dtype,
+                lambda: w.run(q, k, v), lambda: w.run(q, k, v, out=out), ref, "SDPA dense mask", flops=flops,
+                extra={"blocks": int(keep.sum())})
+
+
 register(
-    {"single_prefill": single_prefill, "batch_prefill": batch_prefill},
+    {"single_prefill": single_prefill, "batch_prefill": batch_prefill, "block_sparse": block_sparse},
     [
         "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
         "--causal",
