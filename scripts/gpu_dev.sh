@@ -25,7 +25,8 @@ rm -rf build/devpkg && mkdir -p build/devpkg && cp -r python/flashinfer build/de
 export PYTHONPATH=$PWD/build/devpkg
 test_rc=0
 if [ -n "${TESTS:-}" ]; then
-  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q --maxfail=40 --tb=line -p no:cacheprovider ${TESTS} > "$OUT/dev-pytest.log" 2>&1
+  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q --maxfail=40 --tb=line --durations=30 -p no:cacheprovider ${TESTS} \
+    > "$OUT/dev-pytest.log" 2>&1
   test_rc=$?
 fi
 if [ -n "${HOST:-}" ]; then python3 benchmarks/host_overhead.py > "$OUT/dev-host.txt" 2>&1; fi
