@@ -34,6 +34,38 @@ void check_vectors(const fb::Checker& c, const MutTensor& t, const char* name) {
              "got strides " + fb::stride_str(t));
 }
 
+void check_head_dims(const char* op, int64_t dqk, int64_t dvo) {
+  if (!flashinfer::attention::prefill_head_dims_supported(static_cast<int>(dqk), static_cast<int>(dvo)))
+    fb::fail(std::string(op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); "
+             "got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
+}
+
+void check_head_counts(const char* op, int64_t hq, int64_t hkv) {
+  if (hkv <= 0 || hq % hkv != 0)
+    fb::fail(std::string(op) + ": num_qo_heads (" + std::to_string(hq) + ") must be a multiple of num_kv_heads (" +
+             std::to_string(hkv) + ")");
+}
+
+// out [rows, hq, dvo] of q's dtype and lse [rows, hq] float32, contiguous. rows_name: the rows'
+// name in shapes (qo_len, total_q); rows_what: where the count comes from (qo_len, q.shape[0]).
+void check_outputs(const fb::Checker& c, const MutTensor& out, const std::optional<MutTensor>& lse, fb::DType dt,
+                   int64_t rows, const char* rows_name, const char* rows_what, int64_t hq, int64_t dvo) {
+  c.ndim_in(out, "out", {3}, ("3-D [" + std::string(rows_name) + ", num_qo_heads, head_dim_vo]").c_str());
+  c.dim_is(out, "out", 0, rows, rows_what);
+  c.dim_is(out, "out", 1, hq, "num_qo_heads");
+  c.dim_is(out, "out", 2, dvo, "v.shape[-1] (head_dim_vo)");
+  c.dtype_is(out, "out", dt);
+  c.last_contiguous(out, "out");
+  if (lse) {
+    c.ndim_in(*lse, "lse", {2}, ("2-D [" + std::string(rows_name) + ", num_qo_heads]").c_str());
+    c.dim_is(*lse, "lse", 0, rows, rows_what);
+    c.dim_is(*lse, "lse", 1, hq, "num_qo_heads");
+    c.dtype_is(*lse, "lse", fb::DType::kF32);
+    if ((rows > 1 && lse->stride(0) != hq) || (hq > 1 && lse->stride(1) != 1))
+      fb::fail(std::string(c.op) + ": lse must be contiguous; got strides " + fb::stride_str(*lse));
+  }
+}
+
 void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
                     std::optional<MutTensor> mask, int layout, bool causal, int window_left, double sm_scale,
                     double soft_cap, bool alibi, double v_scale, uintptr_t stream, bool enable_pdl) {
@@ -55,26 +87,9 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   c.dim_is(k, "k", 2, dqk, "q.shape[-1] (head_dim_qk)");
   c.dim_is(v, "v", ln, kv_len, "k's kv_len");
   c.dim_is(v, "v", hn, hkv, "k's num_kv_heads");
-  if (!flashinfer::attention::prefill_head_dims_supported(static_cast<int>(dqk), static_cast<int>(dvo)))
-    fb::fail(std::string(c.op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); "
-             "got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
-  if (hkv <= 0 || hq % hkv != 0)
-    fb::fail(std::string(c.op) + ": num_qo_heads (" + std::to_string(hq) + ") must be a multiple of num_kv_heads (" +
-             std::to_string(hkv) + ")");
-  c.ndim_in(out, "out", {3}, "3-D [qo_len, num_qo_heads, head_dim_vo]");
-  c.dim_is(out, "out", 0, qo_len, "qo_len");
-  c.dim_is(out, "out", 1, hq, "num_qo_heads");
-  c.dim_is(out, "out", 2, dvo, "v.shape[-1] (head_dim_vo)");
-  c.dtype_is(out, "out", dt);
-  c.last_contiguous(out, "out");
-  if (lse) {
-    c.ndim_in(*lse, "lse", {2}, "2-D [qo_len, num_qo_heads]");
-    c.dim_is(*lse, "lse", 0, qo_len, "qo_len");
-    c.dim_is(*lse, "lse", 1, hq, "num_qo_heads");
-    c.dtype_is(*lse, "lse", fb::DType::kF32);
-    if ((qo_len > 1 && lse->stride(0) != hq) || (hq > 1 && lse->stride(1) != 1))
-      fb::fail(std::string(c.op) + ": lse must be contiguous; got strides " + fb::stride_str(*lse));
-  }
+  check_head_dims(c.op, dqk, dvo);
+  check_head_counts(c.op, hq, hkv);
+  check_outputs(c, out, lse, dt, qo_len, "qo_len", "qo_len", hq, dvo);
   if (mask) {
     c.ndim_in(*mask, "packed_custom_mask", {1}, "1-D uint8 (bits packed little-endian)");
     c.dtype_is(*mask, "packed_custom_mask", fb::DType::kU8);
@@ -138,12 +153,8 @@ std::pair<std::vector<int32_t>, int> plan_batch(const std::vector<int64_t>& qo_l
   if (qo_lens.size() != kv_lens.size())
     fb::fail(std::string(op) + ": qo and kv lengths must be given for the same requests; got " +
              std::to_string(qo_lens.size()) + " and " + std::to_string(kv_lens.size()));
-  if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
-    fb::fail(std::string(op) + ": num_qo_heads (" + std::to_string(num_qo_heads) + ") must be a multiple of num_kv_heads (" +
-             std::to_string(num_kv_heads) + ")");
-  if (!flashinfer::attention::prefill_head_dims_supported(head_dim_qk, head_dim_vo))
-    fb::fail(std::string(op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); got (" +
-             std::to_string(head_dim_qk) + ", " + std::to_string(head_dim_vo) + ")");
+  check_head_counts(op, num_qo_heads, num_kv_heads);
+  check_head_dims(op, head_dim_qk, head_dim_vo);
   const int group = static_cast<int>(num_qo_heads / num_kv_heads);
   int64_t ctas = 0;
   for (size_t b = 0; b < qo_lens.size(); ++b) {
@@ -198,26 +209,9 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     c.dim_is(k, "k", ln, page_size, "page_size");
     c.dim_is(v, "v", 0, k.shape(0), "k's max_num_pages");
   }
-  if (!flashinfer::attention::prefill_head_dims_supported(static_cast<int>(dqk), static_cast<int>(dvo)))
-    fb::fail(std::string(c.op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); "
-             "got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
-  if (hkv <= 0 || hq % hkv != 0)
-    fb::fail(std::string(c.op) + ": num_qo_heads (" + std::to_string(hq) + ") must be a multiple of num_kv_heads (" +
-             std::to_string(hkv) + ")");
-  c.ndim_in(out, "out", {3}, "3-D [total_q, num_qo_heads, head_dim_vo]");
-  c.dim_is(out, "out", 0, total_q, "q.shape[0]");
-  c.dim_is(out, "out", 1, hq, "num_qo_heads");
-  c.dim_is(out, "out", 2, dvo, "v.shape[-1] (head_dim_vo)");
-  c.dtype_is(out, "out", dt);
-  c.last_contiguous(out, "out");
-  if (lse) {
-    c.ndim_in(*lse, "lse", {2}, "2-D [total_q, num_qo_heads]");
-    c.dim_is(*lse, "lse", 0, total_q, "q.shape[0]");
-    c.dim_is(*lse, "lse", 1, hq, "num_qo_heads");
-    c.dtype_is(*lse, "lse", fb::DType::kF32);
-    if ((total_q > 1 && lse->stride(0) != hq) || (hq > 1 && lse->stride(1) != 1))
-      fb::fail(std::string(c.op) + ": lse must be contiguous; got strides " + fb::stride_str(*lse));
-  }
+  check_head_dims(c.op, dqk, dvo);
+  check_head_counts(c.op, hq, hkv);
+  check_outputs(c, out, lse, dt, total_q, "total_q", "q.shape[0]", hq, dvo);
   const int32_t* qo_ptr = index_tensor(c, qo_indptr, "qo_indptr");
   const int32_t* kv_ptr = index_tensor(c, kv_indptr, paged ? "paged_kv_indptr" : "kv_indptr");
   c.dim_is(kv_indptr, paged ? "paged_kv_indptr" : "kv_indptr", 0, qo_indptr.shape(0), "len(qo_indptr)");

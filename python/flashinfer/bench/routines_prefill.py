@@ -61,6 +61,15 @@ def visible_pairs(qo_len: int, kv_len: int, causal: bool) -> int:
     return n * (lo + delta + 1) + n * (n - 1) // 2
 
 
+def _sdpa_ref(torch, qs, ks, vs, qo: int, kv: int, causal: bool):
+    """SDPA over [B, H, L, D] inputs: is_causal when qo == kv, else the bottom-right mask."""
+    F = torch.nn.functional
+    if causal and qo != kv:
+        mask = torch.ones(qo, kv, dtype=torch.bool, device="cuda").tril(kv - qo)
+        return lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+    return lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)
+
+
 def single_prefill(torch, args) -> Case:
     qo, kv = args.qo_len, args.kv_len
     hq, hkv, d = args.num_qo_heads, args.num_kv_heads, args.head_dim
@@ -74,12 +83,7 @@ def single_prefill(torch, args) -> Case:
     qs, ks, vs = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
     if layout == "HND":
         k, v = ks[0], vs[0]
-    F = torch.nn.functional
-    if causal and qo != kv:
-        mask = torch.ones(qo, kv, dtype=torch.bool, device="cuda").tril(kv - qo)
-        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)  # noqa: E731
-    else:
-        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)  # noqa: E731
+    ref = _sdpa_ref(torch, qs, ks, vs, qo, kv, causal)
 
     def ours():
         return flashinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, pos_encoding_mode=pos)
@@ -136,12 +140,7 @@ def batch_prefill(torch, args) -> Case:
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
         w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt)
         run, run_out = (lambda: w.run(q, kr, vr)), (lambda: w.run(q, kr, vr, out=out))
-    F = torch.nn.functional
-    if causal and qo != kv:
-        mask = torch.ones(qo, kv, dtype=torch.bool, device="cuda").tril(kv - qo)
-        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)  # noqa: E731
-    else:
-        ref = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)  # noqa: E731
+    ref = _sdpa_ref(torch, qs, ks, vs, qo, kv, causal)
 
     flops = b * 2 * (d + dvo) * hq * visible_pairs(qo, kv, causal)
     tag = (" causal" if causal else "") + (" ragged" if args.ragged else (" HND" if hnd else "") + f" ps{ps}")
