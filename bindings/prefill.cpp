@@ -36,8 +36,8 @@ void check_vectors(const fb::Checker& c, const MutTensor& t, const char* name) {
 
 void check_head_dims(const char* op, int64_t dqk, int64_t dvo) {
   if (!flashinfer::attention::prefill_head_dims_supported(static_cast<int>(dqk), static_cast<int>(dvo)))
-    fb::fail(std::string(op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or (192, 128); "
-             "got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
+    fb::fail(std::string(op) + ": (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256), (512, 512) or "
+             "(192, 128); got (" + std::to_string(dqk) + ", " + std::to_string(dvo) + ")");
 }
 
 void check_head_counts(const char* op, int64_t hq, int64_t hkv) {
@@ -154,7 +154,8 @@ std::pair<std::vector<int32_t>, int> plan_batch(const std::vector<int64_t>& qo_l
     fb::fail(std::string(op) + ": qo and kv lengths must be given for the same requests; got " +
              std::to_string(qo_lens.size()) + " and " + std::to_string(kv_lens.size()));
   check_head_counts(op, num_qo_heads, num_kv_heads);
-  check_head_dims(op, head_dim_qk, head_dim_vo);
+  if (!(num_kv_heads == 1 && flashinfer::attention::mla_head_dims_supported(head_dim_qk, head_dim_vo)))
+    check_head_dims(op, head_dim_qk, head_dim_vo);
   const int group = static_cast<int>(num_qo_heads / num_kv_heads);
   int64_t ctas = 0;
   for (size_t b = 0; b < qo_lens.size(); ++b) {
@@ -287,6 +288,92 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   });
 }
 
+// MLA (flashinfer.mla): q [total_q, H, 512 + dkpe] (q_nope || q_pe), the ckv cache [pages,
+// page_size, 512] and the kpe cache [pages, page_size, dkpe] (None when dkpe is 0) as one paged
+// KV head whose V is ckv; last_page_len[b] = kv_len[b] - (pages_b - 1) * page_size.
+void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor out, std::optional<MutTensor> lse,
+             MutTensor qo_indptr, MutTensor kv_indptr, MutTensor page_indices, MutTensor last_page_len, MutTensor items,
+             int64_t num_items, int page_size, bool causal, double sm_scale, uintptr_t stream, bool enable_pdl) {
+  const fb::Checker c{"BatchMLAPagedAttentionWrapper.run"};
+  constexpr int64_t kDckv = flashinfer::attention::kMlaHeadDimCkv;
+  c.ndim_in(q, "q", {3}, "3-D [total_q, num_heads, head_dim_ckv + head_dim_kpe]");
+  const fb::DType dt = c.dtype_half(q, "q");
+  c.ndim_in(ckv, "ckv_cache", {3}, "3-D [num_pages, page_size, head_dim_ckv]");
+  c.dtype_is(ckv, "ckv_cache", dt);
+  c.dim_is(ckv, "ckv_cache", 2, kDckv, "head_dim_ckv");
+  if (page_size <= 0) fb::fail(std::string(c.op) + ": page_size must be > 0; got " + std::to_string(page_size));
+  c.dim_is(ckv, "ckv_cache", 1, page_size, "page_size");
+  const int64_t total_q = q.shape(0), hq = q.shape(1), dqk = q.shape(2);
+  const int64_t dkpe = kpe ? static_cast<int64_t>(kpe->shape(kpe->ndim() - 1)) : 0;
+  if (kpe) {
+    c.ndim_in(*kpe, "kpe_cache", {3}, "3-D [num_pages, page_size, head_dim_kpe]");
+    c.dtype_is(*kpe, "kpe_cache", dt);
+    c.dim_is(*kpe, "kpe_cache", 0, ckv.shape(0), "ckv_cache's num_pages");
+    c.dim_is(*kpe, "kpe_cache", 1, page_size, "page_size");
+    c.last_contiguous(*kpe, "kpe_cache");
+    check_vectors(c, *kpe, "kpe_cache");
+  }
+  if (!flashinfer::attention::mla_head_dims_supported(static_cast<int>(dqk), static_cast<int>(kDckv)) ||
+      dqk != kDckv + dkpe)
+    fb::fail(std::string(c.op) + ": q's last dimension must be head_dim_ckv + head_dim_kpe = 512 + (64 or 0); got " +
+             std::to_string(dqk) + " with head_dim_kpe " + std::to_string(dkpe));
+  c.last_contiguous(q, "q");
+  c.last_contiguous(ckv, "ckv_cache");
+  check_vectors(c, q, "q");
+  check_vectors(c, ckv, "ckv_cache");
+  check_outputs(c, out, lse, dt, total_q, "total_q", "q.shape[0]", hq, kDckv);
+  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
+      (out.shape(1) > 1 && out.stride(1) % 2))
+    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+  const int32_t* qo_ptr = index_tensor(c, qo_indptr, "qo_indptr");
+  const int32_t* kv_ptr = index_tensor(c, kv_indptr, "kv_indptr");
+  c.dim_is(kv_indptr, "kv_indptr", 0, qo_indptr.shape(0), "len(qo_indptr)");
+  const int32_t* pages = index_tensor(c, page_indices, "kv_indices");
+  const int32_t* last = index_tensor(c, last_page_len, "last_page_len");
+  c.dim_is(last_page_len, "last_page_len", 0, static_cast<int64_t>(qo_indptr.shape(0)) - 1, "batch size");
+  const int32_t* item_ptr = index_tensor(c, items, "items");
+  if (num_items < 0 || 2 * num_items > static_cast<int64_t>(items.shape(0)))
+    fb::fail(std::string(c.op) + ": the plan's work items do not fit its buffer (re-plan)");
+  if (total_q * hq > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows)
+    fb::fail(std::string(c.op) + ": total_q * num_heads must be < 2^31");
+  const int dev = c.cuda_device({{&q, "q"}, {&ckv, "ckv_cache"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
+                                 {&kv_indptr, "kv_indptr"}, {&page_indices, "kv_indices"},
+                                 {&last_page_len, "last_page_len"}, {&items, "items"}});
+  if (lse) c.cuda_device({{&q, "q"}, {&*lse, "lse"}});
+  if (kpe) c.cuda_device({{&q, "q"}, {&*kpe, "kpe_cache"}});
+  if (num_items == 0 || hq == 0) return;
+  fb::DeviceGuard guard(c.op, dev);
+  const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
+  fb::with_dtype(c.op, dt, [&](auto tag) {
+    using T = decltype(tag);
+    PrefillParams<T> p{};
+    p.q = static_cast<const T*>(q.data());
+    p.k = static_cast<const T*>(ckv.data());
+    p.v = p.k;
+    p.k_rope = kpe ? static_cast<const T*>(kpe->data()) : nullptr;
+    p.o = static_cast<T*>(out.data());
+    p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
+    p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
+    p.k_stride_n = ckv.stride(1), p.k_stride_page = ckv.stride(0);
+    p.v_stride_n = p.k_stride_n, p.v_stride_page = p.k_stride_page;
+    if (kpe) p.kr_stride_n = kpe->stride(1), p.kr_stride_page = kpe->stride(0);
+    p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
+    p.num_qo_heads = static_cast<int>(hq), p.num_kv_heads = 1;
+    p.head_dim_qk = static_cast<int>(dqk), p.head_dim_vo = static_cast<int>(kDckv);
+    p.causal = causal;
+    p.window_left = -1;
+    p.sm_scale = static_cast<float>(sm_scale);
+    p.v_scale = 1.f;
+    p.pdl = pdl;
+    p.qo_indptr = qo_ptr, p.kv_indptr = kv_ptr, p.page_indices = pages, p.last_page_len = last;
+    p.items = item_ptr, p.num_items = num_items;
+    p.page_size = page_size;
+    p.num_pages = static_cast<int64_t>(ckv.shape(0));
+    const cudaError_t err = flashinfer::attention::BatchMla(p, fb::as_stream(stream));
+    if (err != cudaSuccess) fb::throw_cuda(c.op, err);
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_prefill, m) {
@@ -300,5 +387,8 @@ NB_MODULE(_prefill, m) {
         "mask_indptr"_a.none(), "qo_indptr"_a, "kv_indptr"_a, "page_indices"_a.none(), "last_page_len"_a.none(),
         "items"_a, "num_items"_a, "m_tiles"_a, "page_size"_a, "kv_layout"_a, "causal"_a, "window_left"_a, "sm_scale"_a,
         "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
+  m.def("mla_run", &mla_run, "q"_a, "ckv"_a, "kpe"_a.none(), "out"_a, "lse"_a.none(), "qo_indptr"_a, "kv_indptr"_a,
+        "page_indices"_a, "last_page_len"_a, "items"_a, "num_items"_a, "page_size"_a, "causal"_a, "sm_scale"_a,
+        "stream"_a, "pdl"_a);
   m.def("supported_dtypes", &fb::supported_dtypes);
 }

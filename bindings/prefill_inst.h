@@ -1,4 +1,4 @@
-// Declarations of the prefill launchers that bindings/prefill_kernels.cu instantiates; the
+// Declarations of the prefill launchers that bindings/prefill_kernels_*.cu instantiate; the
 // binding never parses a kernel.
 #pragma once
 
@@ -14,5 +14,7 @@ template <typename T>
 cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream);
 template <typename T>
 cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream);
+template <typename T>
+cudaError_t BatchMla(const PrefillParams<T>& p, cudaStream_t stream);
 }  // namespace attention
 }  // namespace flashinfer

@@ -56,15 +56,24 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
 }
 
 // The same for a paged cache: row r is entry tab[r].y of page tab[r].x (page -1: a zero row).
-template <int kRowBytes, int kKeys, typename T>
+// Chunks from kSplit on come from a second cache (base2, its own strides; MLA's kpe).
+template <int kRowBytes, int kKeys, int kSplit = kRowBytes / 16, typename T>
 FLASHINFER_DEVICE void prefill_load_paged_rows(char* dst, const T* base, int64_t stride_page, int64_t stride_n,
-                                               const int2* tab) {
+                                               const int2* tab, const T* base2 = nullptr, int64_t stride2_page = 0,
+                                               int64_t stride2_n = 0) {
   constexpr int kChunks = kRowBytes / 16;
   FLASHINFER_UNROLL
   for (int i = threadIdx.x; i < kKeys * kChunks; i += kPrefillThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const int2 e = tab[r];
     const bool ok = e.x >= 0;
+    if constexpr (kSplit < kChunks) {
+      if (c >= kSplit) {
+        cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c),
+                                 base2 + (ok ? e.x * stride2_page + e.y * stride2_n : 0) + (c - kSplit) * 8, ok);
+        continue;
+      }
+    }
     cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c),
                              base + (ok ? e.x * stride_page + e.y * stride_n : 0) + c * 8, ok);
   }
@@ -87,11 +96,18 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 // feeds kMT MMAs.
 // kMode: one request (p.items null; its offsets compile to zeros), or a batch of work items
 // with ragged or paged keys.
-template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle>
+// kVO: which V / O columns (prefill.h); kDVO is the CTA's column count (one part of
+// p.head_dim_vo for kParts and kMla, blockIdx.z the part).
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
+          PrefillVO kVO = PrefillVO::kWhole>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
+  constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
+  static_assert(!kMla || (kPaged && kDQK >= kMlaHeadDimCkv), "MLA: paged, K = [ckv || kpe]");
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
+  // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
+  constexpr int kRowV = kMla ? kRowQK : kRowVO;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kNT = kKeys / 8;                    // 8-key score tiles
@@ -100,6 +116,9 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   char* sQ = reinterpret_cast<char*>(prefill_smem);
   char* sK = sQ + kRows * kRowQK;
   char* sV = sK + 2 * kKeys * kRowQK;
+  // This CTA's V / O columns: [part * kDVO, part * kDVO + kDVO); V's first 16-byte chunk in its tile.
+  const int part = kVO == PrefillVO::kWhole ? 0 : static_cast<int>(blockIdx.z);
+  const int v_chunk0 = kMla ? part * (kDVO / 8) : 0;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int grp = lane >> 2, tig = lane & 3;
@@ -171,19 +190,24 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   }
   // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
   auto load_kv = [&](int stage, int64_t kv0) {
-    if constexpr (kPaged) {
+    if constexpr (kMla) {  // [ckv || kpe] rows; V is the K tile
+      detail::prefill_load_paged_rows<kRowQK, kKeys, kMlaHeadDimCkv / 8>(sK + stage * kKeys * kRowQK, p.k,
+                                                                        p.k_stride_page, p.k_stride_n, page_tab[stage],
+                                                                        p.k_rope, p.kr_stride_page, p.kr_stride_n);
+    } else if constexpr (kPaged) {
       detail::prefill_load_paged_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, p.k + int64_t{kv_head} * p.k_stride_h,
                                                      p.k_stride_page, p.k_stride_n, page_tab[stage]);
-      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, p.v + int64_t{kv_head} * p.v_stride_h,
+      detail::prefill_load_paged_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
+                                                     p.v + int64_t{kv_head} * p.v_stride_h + part * kDVO,
                                                      p.v_stride_page, p.v_stride_n, page_tab[stage]);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
       detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
                                                p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
                                                p.k_stride_n, valid);
-      detail::prefill_load_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
-                                               p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
-                                               p.v_stride_n, valid);
+      detail::prefill_load_rows<kRowVO, kKeys>(
+          sV + stage * kKeys * kRowVO,
+          p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h + part * kDVO, p.v_stride_n, valid);
     }
   };
   // kFusedScale: H200 A/B (NOTES, session 18): 2-3% faster for batch and head_dim 64, 1.5%
@@ -215,7 +239,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
     cp_async::wait(1);  // this tile's K and V have landed
     __syncthreads();
     const char* ks = sK + (it & 1) * kKeys * kRowQK;
-    const char* vs = sV + (it & 1) * kKeys * kRowVO;
+    const char* vs = kMla ? ks : sV + (it & 1) * kKeys * kRowVO;
     // Paged: tile it + 2's page ids, loaded now and written to this stage's table at the end
     // (its copies have been issued; the loop's last barrier publishes the table).
     [[maybe_unused]] int next_id = -1;
@@ -351,8 +375,8 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
       FLASHINFER_UNROLL
       for (int dp = 0; dp < kDVO / 16; ++dp) {
         uint32_t b[4];
-        mma::ldmatrix_x4_trans(b, vs + mma::swizzle_offset<kRowVO>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                                   2 * dp + (lane >> 4)));
+        mma::ldmatrix_x4_trans(b, vs + mma::swizzle_offset<kRowV>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                                  v_chunk0 + 2 * dp + (lane >> 4)));
         FLASHINFER_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
           mma::mma_16816<T>(o[mt][2 * dp], a[mt], b);
@@ -380,13 +404,13 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
       const int64_t t = pr / group;
       const int qh = kv_head * group + static_cast<int>(pr - t * group);
       const float inv = den > 0.f ? p.v_scale / den : 0.f;
-      T* orow = p.o + (q0 + t) * p.o_stride_n + int64_t{qh} * p.o_stride_h;
+      T* orow = p.o + (q0 + t) * p.o_stride_n + int64_t{qh} * p.o_stride_h + part * kDVO;
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         const uint32_t w = mma::pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + n * 8 + tig * 2) = w;
       }
-      if (p.lse && tig == 0)
+      if (p.lse && tig == 0 && part == 0)
         p.lse[(q0 + t) * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
     }
   }
@@ -406,16 +430,38 @@ PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles
     return two ? PrefillKernel<T, 128, 128, 2, kMode> : PrefillKernel<T, 128, 128, 1, kMode>;
   if (head_dim_qk == 256 && head_dim_vo == 256) return PrefillKernel<T, 256, 256, 1, kMode>;
   if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kMode>;
+  if (head_dim_qk == 512 && head_dim_vo == 512)
+    return PrefillKernel<T, 512, kPrefillVoPart, 1, kMode, PrefillVO::kParts>;
+  return nullptr;
+}
+
+// The MLA kernel of (head_dim_qk, head_dim_vo) computing vo_cols V / O columns (mla_vo_cols;
+// grid z: head_dim_vo / vo_cols parts), null: not built.
+template <typename T>
+PrefillKernelPtr<T> mla_kernel(int head_dim_qk, int head_dim_vo, int vo_cols) {
+  constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
+  constexpr PrefillMode kPaged = PrefillMode::kPaged;
+  if (head_dim_vo != kD || (vo_cols != kP && vo_cols != 2 * kP)) return nullptr;
+  const bool wide = vo_cols == 2 * kP;
+  if (head_dim_qk == kD + 64)
+    return wide ? PrefillKernel<T, kD + 64, 2 * kP, 1, kPaged, PrefillVO::kMla>
+                : PrefillKernel<T, kD + 64, kP, 1, kPaged, PrefillVO::kMla>;
+  if (head_dim_qk == kD)
+    return wide ? PrefillKernel<T, kD, 2 * kP, 1, kPaged, PrefillVO::kMla>
+                : PrefillKernel<T, kD, kP, 1, kPaged, PrefillVO::kMla>;
   return nullptr;
 }
 
 namespace detail {
-template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode>
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO kVO = PrefillVO::kWhole>
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
-  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode>;
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO, kMT));
+  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO>;
+  constexpr bool kMla = kVO == PrefillVO::kMla;
+  const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO;
+  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO * parts, kMT, 2, kMla));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
-  return launch(kKernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads)),
+  return launch(kKernel,
+                dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
                 dim3(kPrefillThreads), smem, stream, p.pdl, p);
 }
 template <typename T, PrefillMode kMode>
@@ -430,6 +476,7 @@ cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t gri
                : launch_prefill<T, 128, 128, 1, kMode>(p, grid_x, stream);
   if (dqk == 256 && dvo == 256) return launch_prefill<T, 256, 256, 1, kMode>(p, grid_x, stream);
   if (dqk == 192 && dvo == 128) return launch_prefill<T, 192, 128, 1, kMode>(p, grid_x, stream);
+  if (dqk == 512 && dvo == 512) return launch_prefill<T, 512, kPrefillVoPart, 1, kMode, PrefillVO::kParts>(p, grid_x, stream);
   return cudaErrorInvalidValue;
 }
 }  // namespace detail
@@ -454,6 +501,25 @@ cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t st
   if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
   return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, stream)
                         : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, stream);
+}
+
+// Launches MLA attention (PrefillVO::kMla: p.items of prefill_plan_batch with one M tile, one KV
+// head, the ckv cache in p.k and the kpe cache in p.k_rope) on `stream`.
+template <typename T>
+cudaError_t BatchMla(const PrefillParams<T>& p, cudaStream_t stream) {
+  if (validate_batch(p, true) != Status::kSuccess) return cudaErrorInvalidValue;
+  if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
+  DeviceInfo info;
+  FLASHINFER_CUDA_TRY(current_device_info(&info));
+  constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
+  constexpr PrefillMode kPaged = PrefillMode::kPaged;
+  constexpr PrefillVO kMla = PrefillVO::kMla;
+  const bool wide = mla_vo_cols(p.num_items, info.num_sms) == 2 * kP;
+  if (p.head_dim_qk == kD + 64)
+    return wide ? detail::launch_prefill<T, kD + 64, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
+                : detail::launch_prefill<T, kD + 64, kP, 1, kPaged, kMla>(p, p.num_items, stream);
+  return wide ? detail::launch_prefill<T, kD, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
+              : detail::launch_prefill<T, kD, kP, 1, kPaged, kMla>(p, p.num_items, stream);
 }
 
 }  // namespace attention

@@ -51,6 +51,19 @@ FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int
 // (request, row tile) with ragged or paged keys.
 enum class PrefillMode { kSingle, kRagged, kPaged };
 
+// Which V / O columns a CTA computes. kWhole: all head_dim_vo of them. kParts: head_dim_vo 512,
+// whose O accumulators do not fit one warp's registers: blockIdx.z picks kPrefillVoPart columns
+// of V and O (every part recomputes the scores; the parts of one row tile run side by side, so
+// the K tiles they share mostly come from L2). kMla: DeepSeek MLA (paged only): the K row is
+// [ckv || kpe] (k, then k_rope), V is K's first head_dim_vo columns (ckv), read from the K tile
+// itself, in parts of kPrefillVoPart columns as for kParts.
+enum class PrefillVO { kWhole, kParts, kMla };
+constexpr int kPrefillVoPart = 128;
+constexpr int kMlaHeadDimCkv = 512;
+FLASHINFER_HOST_DEVICE constexpr int prefill_vo_parts(int head_dim_vo) {
+  return head_dim_vo > 256 ? head_dim_vo / kPrefillVoPart : 1;
+}
+
 template <typename T>
 struct PrefillParams {
   const T* q;  // [qo_len, num_qo_heads, head_dim_qk] via q_stride_n / q_stride_h (elements)
@@ -86,19 +99,37 @@ struct PrefillParams {
   int page_size;
   int64_t k_stride_page, v_stride_page;
   int64_t num_pages;  // pages of the cache tensors (page ids outside [0, num_pages) read as zeros)
+  // MLA (PrefillVO::kMla; null otherwise): K row columns [kMlaHeadDimCkv, head_dim_qk) come from
+  // k_rope (the kpe cache, one head: page stride kr_stride_page, entry stride kr_stride_n); k
+  // holds the ckv cache, which is V too (v unused).
+  const T* k_rope;
+  int64_t kr_stride_page, kr_stride_n;
 };
 
 // The head-dim pairs the kernels are built for.
 FLASHINFER_HOST_DEVICE constexpr bool prefill_head_dims_supported(int head_dim_qk, int head_dim_vo) {
-  return (head_dim_qk == head_dim_vo && (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256)) ||
+  return (head_dim_qk == head_dim_vo &&
+          (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256 || head_dim_qk == 512)) ||
          (head_dim_qk == 192 && head_dim_vo == 128);
 }
+// MLA's V / O columns per CTA: 128 (four parts) while those CTAs fit one wave on the SMs, else
+// 256 (two parts: each part recomputes the 576-wide scores, so fewer parts do 1.7x less MMA
+// work, but a CTA takes ~1.2x longer).
+FLASHINFER_HOST_DEVICE constexpr int mla_vo_cols(int64_t num_items, int num_sms) {
+  return num_items * (kMlaHeadDimCkv / kPrefillVoPart) > num_sms ? 2 * kPrefillVoPart : kPrefillVoPart;
+}
+// MLA: [ckv || kpe] keys with head_dim_kpe 64 or 0.
+FLASHINFER_HOST_DEVICE constexpr bool mla_head_dims_supported(int head_dim_qk, int head_dim_vo) {
+  return head_dim_vo == kMlaHeadDimCkv && (head_dim_qk == kMlaHeadDimCkv + 64 || head_dim_qk == kMlaHeadDimCkv);
+}
 
-// Dynamic shared memory of one CTA: the Q tile and two stages of K and V tiles.
+// Dynamic shared memory of one CTA: the Q tile and two stages of K and V tiles (V's columns: one
+// part of head_dim_vo; none for MLA, whose V is read from the K tile).
 FLASHINFER_HOST_DEVICE constexpr int64_t prefill_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
-                                                            int elem_bytes = 2) {
+                                                            int elem_bytes = 2, bool mla = false) {
+  const int64_t v_cols = mla ? 0 : head_dim_vo / prefill_vo_parts(head_dim_vo);
   return int64_t{elem_bytes} *
-         (int64_t{prefill_rows(m_tiles)} * head_dim_qk + 2 * int64_t{kPrefillKeys} * (head_dim_qk + head_dim_vo));
+         (int64_t{prefill_rows(m_tiles)} * head_dim_qk + 2 * int64_t{kPrefillKeys} * (head_dim_qk + v_cols));
 }
 
 // Keys [begin, end) that packed rows [pr_begin, pr_end) can see (end <= begin: none).
@@ -165,17 +196,22 @@ Status validate(const PrefillParams<T>& p) {
   return Status::kSuccess;
 }
 
-// What the batch launch assumes; the binding has already produced friendlier messages.
+// What the batch launch assumes; the binding has already produced friendlier messages. mla:
+// the MLA launch (paged, one KV head, mla_head_dims_supported).
 template <typename T>
-Status validate_batch(const PrefillParams<T>& p) {
+Status validate_batch(const PrefillParams<T>& p, bool mla = false) {
   if (p.num_qo_heads < 0 || p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
-  if (!prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo)) return Status::kUnsupported;
+  // (MLA's page_indices may be null: no request has a page)
+  if (mla ? !mla_head_dims_supported(p.head_dim_qk, p.head_dim_vo) || p.num_kv_heads != 1 ||
+                (p.head_dim_qk > kMlaHeadDimCkv && p.num_items > 0 && !p.k_rope)
+          : !prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo))
+    return Status::kUnsupported;
   if (p.window_left < -1 || !(p.sm_scale == p.sm_scale) || p.soft_cap < 0.f) return Status::kInvalidArgument;
   if ((p.num_items < 0) || (p.num_items > (int64_t{1} << 31) - 1) || (p.num_kv_heads > 65535)) return Status::kUnsupported;
   if (p.num_items == 0) return Status::kSuccess;
   if (!p.items || !p.qo_indptr || !p.kv_indptr || !p.q || !p.o || !p.k || !p.v) return Status::kInvalidArgument;
   if (p.mask && !p.mask_indptr) return Status::kInvalidArgument;
-  if (p.page_indices && (!p.last_page_len || p.page_size <= 0 || p.num_pages < 0)) return Status::kInvalidArgument;
+  if ((p.page_indices || mla) && (!p.last_page_len || p.page_size <= 0 || p.num_pages < 0)) return Status::kInvalidArgument;
   return Status::kSuccess;
 }
 

@@ -24,6 +24,11 @@
 // types and checks, one reference for both (check_request), and after every CTA only its own o
 // / lse elements (its request's rows of its tile, its KV head's q heads) may have changed; q /
 // o padding, rows no request owns and the inputs stay untouched.
+// Head dim 512 (PrefillVO::kParts: grid z = four 128-column V / O parts): 4 single and 3 batch
+// cases. MLA (BatchMla's launch: PrefillVO::kMla, K = [ckv || kpe] from two paged caches with
+// their own strides, V read from the K tile): 4 batches with 128- and 256-column parts (kpe 64
+// and 0, page sizes 1 / 5 / 16, qo_len 0 / kv_len 0 / qo > kv requests, causal both, a request
+// given a spare page, last_page_len <= 0, that must never be read).
 // Run: ctest -L emu, or tests/cpp/emu/run_emulated.sh prefill.
 #include "cuda_emulator.h"
 // (the emulator first)
@@ -51,7 +56,11 @@ using namespace flashinfer::attention;
 
 namespace flashinfer {
 namespace attention {
-alignas(16) uint4 prefill_smem[prefill_smem_bytes(256, 256, 1) / 16];  // PrefillKernel's dynamic smem
+// PrefillKernel's dynamic smem: the largest kernel's (head_dim 512 in parts, MLA)
+constexpr int64_t kEmuSmem = prefill_smem_bytes(512, 512, 1) > prefill_smem_bytes(576, 512, 1, 2, true)
+                                 ? prefill_smem_bytes(512, 512, 1)
+                                 : prefill_smem_bytes(576, 512, 1, 2, true);
+alignas(16) uint4 prefill_smem[kEmuSmem / 16];
 }  // namespace attention
 }  // namespace flashinfer
 
@@ -85,22 +94,24 @@ inline void land_copies(unsigned t) {  // thread t's copies in flight complete n
   emu_cp::open[t].clear();
 }
 
-// emu::launch over a 2-D grid (x: row tiles, y: KV heads) under `schedule`, with the prefill
-// kernel's dynamic shared memory filled with 0xff (NaN in f16 / bf16) before each CTA.
+// emu::launch over a grid (x: row tiles, y: KV heads, z: V / O column parts) under `schedule`,
+// with the prefill kernel's dynamic shared memory filled with 0xff (NaN in f16 / bf16) before
+// each CTA.
 template <class... KArgs, class... Args>
 void launch_2d(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t smem, const Args&... args) {
   if (smem > sizeof(prefill_smem)) { std::printf("smem too big %zu\n", smem); std::abort(); }
   const bool eager = schedule == Schedule::kWarpEager;
   const unsigned warps = threads / 32;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
   for (unsigned by = 0; by < grid.y; ++by)
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       std::memset(prefill_smem, 0xff, smem);
       emu::start_fibers(int(threads));
       emu::shfl.assign(warps, {});
       emu::fiber_body = [&] { kernel(args...); };
-      blockIdx = uint3{bx, by, 0};
+      blockIdx = uint3{bx, by, bz};
       blockDim = dim3(threads);
-      gridDim = dim3(grid.x, grid.y);
+      gridDim = dim3(grid.x, grid.y, grid.z);
       auto run_warp = [&](unsigned w) {  // runs warp w's ready fibers; false: none was ready
         bool ran = false;
         for (unsigned t = w * 32; t < w * 32 + 32; ++t) {
@@ -363,7 +374,8 @@ void run_case(const Case& c, uint64_t seed) {
   const int mt = prefill_max_m_tiles(p.head_dim_qk, p.head_dim_vo) == 2 && (turn++ & 1) ? 2 : 1;
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(p.head_dim_qk, p.head_dim_vo, mt));
-  const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads));
+  const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
+                  static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt), grid, kPrefillThreads, smem, p);
 
@@ -549,7 +561,8 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
   const std::vector<uint8_t> mask0 = mask;
   const std::vector<int32_t> pages0 = page_indices;
   Result r;
-  const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(KH));
+  const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(KH),
+                  static_cast<unsigned>(prefill_vo_parts(DV)));
   const size_t smem = static_cast<size_t>(prefill_smem_bytes(DQ, DV, mt));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   if (p.num_items > 0 && H > 0) {
@@ -639,6 +652,102 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
              sched_name(), type_name<T>(), DQ, DV, G, KH, mt, paged ? fmt("paged%-2d", PS).c_str() : "ragged ",
              c.hnd ? "HND" : "NHD", lens.c_str(), a.causal, a.window_left, a.soft_cap, a.alibi, a.mask, a.lse,
              a.v_scale, c.pad, c.share && paged ? " shared-page" : "", c.oob && paged ? " oob-page" : "", grid.x, grid.y),
+         r, secs, emu_cp::copies - copies0, emu_mma::ops - mmas0);
+}
+
+// ---- MLA (BatchMla) ----
+
+// DeepSeek MLA as BatchMla launches it: q [rows, H, 512 + dkpe] (token rows padded by `pad`),
+// the ckv cache [pages, PS, 512] and the kpe cache [pages, PS, dkpe] (its own page stride, one
+// spare entry per page), K = [ckv || kpe], V = ckv; last_page_len = kv_len - (pages - 1) * PS,
+// with a request given one page more than it needs where `extra` (last_page_len <= 0: the
+// spare page is never read); entries no request reads are NaN; grid (items, 1, 4).
+template <typename T>
+void run_mla(int H, int dkpe, const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens, int PS,
+             bool causal, bool extra, bool want_lse, int vo_cols, uint64_t seed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int DC = kMlaHeadDimCkv, DQ = DC + dkpe, B = static_cast<int>(qo_lens.size()), pad = 8;
+  const Attn a{DQ, DC, H, 1, causal, -1, 0.f, false, false, want_lse, 1.f};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> N(0.f, 1.f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int32_t> qo_indptr(B + 1, 0), kv_indptr(B + 1, 0), last(B, 0);
+  for (int b = 0; b < B; ++b) {
+    qo_indptr[b + 1] = qo_indptr[b] + int32_t(qo_lens[b]);
+    const int64_t n = (kv_lens[b] + PS - 1) / PS + (extra && b == 0 ? 1 : 0);
+    kv_indptr[b + 1] = kv_indptr[b] + int32_t(n);
+    last[b] = int32_t(kv_lens[b] - (n - 1) * PS);
+  }
+  const int64_t rows = qo_indptr[B] + 2, q_sn = int64_t{H} * DQ + pad, o_sn = int64_t{H} * DC + pad;
+  std::vector<T> q(size_t(rows * q_sn)), o(size_t(rows * o_sn), ft<T>(-777.f));
+  for (auto& x : q) x = ft<T>(N(rng));
+  std::vector<float> lse(size_t(rows * H), 555.f);
+  const int64_t num_pages = kv_indptr[B] + 2;
+  std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const std::vector<int32_t> pages(perm.begin(), perm.begin() + kv_indptr[B]);
+  const int64_t kr_sp = int64_t{PS + 1} * dkpe;  // (a spare entry per page)
+  std::vector<T> ckv(size_t(num_pages * PS * DC), ft<T>(nan)), kpe(size_t(num_pages * kr_sp + 8), ft<T>(nan));
+  auto ckv_at = [&](int b, int64_t j) { return int64_t{pages[size_t(kv_indptr[b] + j / PS)]} * PS * DC + (j % PS) * DC; };
+  auto kpe_at = [&](int b, int64_t j) { return int64_t{pages[size_t(kv_indptr[b] + j / PS)]} * kr_sp + (j % PS) * dkpe; };
+  for (int b = 0; b < B; ++b)
+    for (int64_t j = 0; j < kv_lens[b]; ++j) {
+      for (int d = 0; d < DC; ++d) ckv[size_t(ckv_at(b, j) + d)] = ft<T>(N(rng));
+      for (int d = 0; d < dkpe; ++d) kpe[size_t(kpe_at(b, j) + d)] = ft<T>(N(rng));
+    }
+  const std::vector<int32_t> items = prefill_plan_batch(qo_lens, kv_lens, H, 1);
+  PrefillParams<T> p{};
+  set_options(p, a);
+  p.q = q.data(), p.k = ckv.data(), p.v = ckv.data(), p.o = o.data();
+  p.k_rope = dkpe ? kpe.data() : nullptr;
+  p.lse = want_lse ? lse.data() : nullptr;
+  p.q_stride_n = q_sn, p.q_stride_h = DQ;
+  p.k_stride_n = DC, p.k_stride_page = int64_t{PS} * DC, p.v_stride_n = DC, p.v_stride_page = int64_t{PS} * DC;
+  p.kr_stride_n = dkpe, p.kr_stride_page = kr_sp;
+  p.o_stride_n = o_sn, p.o_stride_h = DC;
+  p.qo_indptr = qo_indptr.data(), p.kv_indptr = kv_indptr.data(), p.page_indices = pages.data();
+  p.last_page_len = last.data();
+  p.items = items.data(), p.num_items = int64_t(items.size() / 2);
+  p.page_size = PS, p.num_pages = num_pages;
+  if (validate_batch(p, true) != Status::kSuccess) {
+    std::printf("validate_batch (mla) failed\n");
+    ++failures;
+    return;
+  }
+  const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
+  const dim3 grid(static_cast<unsigned>(p.num_items), 1, static_cast<unsigned>(DC / vo_cols));
+  if (p.num_items > 0)
+    launch_2d(mla_kernel<T>(DQ, DC, vo_cols), grid, kPrefillThreads, static_cast<size_t>(prefill_smem_bytes(DQ, DC, 1, 2, true)), p);
+  Result r;
+  std::vector<double> vs;
+  for (int b = 0; b < B; ++b)
+    for (int64_t j = 0; j < kv_lens[b]; ++j)
+      for (int d = 0; d < DC; ++d) vs.push_back(tf(ckv[size_t(ckv_at(b, j) + d)]));
+  r.tol = (2 * eps_of<T>() + 1e-3) * max_abs(vs);
+  for (int b = 0; b < B; ++b) {
+    const int64_t qb = qo_indptr[b];
+    check_request(
+        a, b, qo_lens[b], kv_lens[b], [&](int64_t i, int h, int d) { return double(tf(q[size_t((qb + i) * q_sn + h * DQ + d)])); },
+        [&](int64_t j, int, int d) {
+          return double(tf(d < DC ? ckv[size_t(ckv_at(b, j) + d)] : kpe[size_t(kpe_at(b, j) + d - DC)]));
+        },
+        [&](int64_t j, int, int d) { return double(tf(ckv[size_t(ckv_at(b, j) + d)])); },
+        [&](int64_t i, int h, int d) { return double(tf(o[size_t((qb + i) * o_sn + h * DC + d)])); },
+        [&](int64_t i, int h) { return lse[size_t((qb + i) * H + h)]; }, [](int64_t, int64_t) { return true; }, r);
+  }
+  const float sentinel = tf(ft<T>(-777.f));  // padding and rows no request owns untouched
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t col = row < qo_indptr[B] ? int64_t{H} * DC : 0; col < o_sn; ++col)
+      if (tf(o[size_t(row * o_sn + col)]) != sentinel) ++r.bad_pad;
+  for (size_t e = want_lse ? size_t(qo_indptr[B] * H) : 0; e < lse.size(); ++e)
+    if (lse[e] != 555.f) ++r.bad_pad;
+  std::string lens;
+  for (int b = 0; b < B; ++b) lens += fmt("%s%ld/%ld", b ? "," : "", long(qo_lens[b]), long(kv_lens[b]));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report(fmt("%s %s mla H=%d kpe=%d page%-2d qo/kv=[%s] causal=%d lse=%d%s cols=%d grid=%ux%ux%u", sched_name(),
+             type_name<T>(), H, dkpe, PS, lens.c_str(), causal, want_lse, extra ? " extra-page" : "", vo_cols, grid.x,
+             grid.y, grid.z),
          r, secs, emu_cp::copies - copies0, emu_mma::ops - mmas0);
 }
 
@@ -732,6 +841,34 @@ int main() {
             run(n % 3 == 0, n % 4, f);
             ++n;
           }
+    // head_dim 512 (four V / O parts): a few feature and batch cases (each CTA costs ~5x a
+    // (256, 256) one here)
+    for (int fi : {1, 2, 7, 12}) {
+      const F& f = features[size_t(fi)];
+      const Case c{{512, 512, f.group, f.kvh, f.causal, f.win, f.cap, f.alibi, f.mask, f.lse, f.vs}, f.qo, f.kv, f.hnd,
+                   f.pad};
+      if (fi & 1)
+        run_case<__nv_bfloat16>(c, seed++);
+      else
+        run_case<__half>(c, seed++);
+    }
+    for (int fi : {1, 3, 6}) {
+      const BF& f = batch[size_t(fi)];
+      const BatchCase c{{512, 512, f.group, f.kvh, f.causal, f.win, f.cap, f.alibi, f.mask, f.lse, f.vs},
+                        f.qo, f.kv, f.hnd, f.pad, f.page_size, f.share, f.oob};
+      if (fi & 1)
+        run_batch<__nv_bfloat16>(c, 1, 1000 + seed++);
+      else
+        run_batch<__half>(c, 1, 1000 + seed++);
+    }
+    // MLA: heads, kpe 64 / 0, ragged requests (qo 0, kv 0, qo > kv), page sizes 1 / 16 / 5,
+    // causal both, a spare page past a request's keys; V / O in parts of 128 and 256 columns
+    for (int cols : {kPrefillVoPart, 2 * kPrefillVoPart}) {
+      run_mla<__half>(16, 64, {1, 3, 0, 2}, {70, 5, 9, 0}, 16, true, false, true, cols, 2000 + seed++);
+      run_mla<__nv_bfloat16>(16, 64, {5}, {130}, 5, false, true, true, cols, 2000 + seed++);
+      run_mla<__nv_bfloat16>(8, 0, {2, 1}, {33, 1}, 1, true, false, false, cols, 2000 + seed++);
+      run_mla<__half>(4, 64, {17}, {9}, 16, true, true, true, cols, 2000 + seed++);  // qo > kv: empty rows, 2 row tiles
+    }
     for (int fi = 0; fi < int(batch.size()); ++fi)
       for (int di = 0; di < 4; ++di) {
         const BF& f = batch[fi];

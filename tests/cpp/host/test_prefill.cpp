@@ -74,13 +74,26 @@ void test_grid_and_smem() {
   CHECK(prefill_smem_bytes(128, 128, 2) == 2 * (128 * 128 + 2 * 64 * 256));
   CHECK(prefill_smem_bytes(256, 256, 1) <= 227 * 1024);  // fits an sm_90 CTA
   CHECK(prefill_smem_bytes(192, 128, 1) == 2 * (64 * 192 + 2 * 64 * 320));
-  for (int dqk : {32, 64, 96, 128, 192, 256, 512})
-    for (int dvo : {64, 128, 256})
+  for (int dqk : {32, 64, 96, 128, 192, 256, 512, 576})
+    for (int dvo : {64, 128, 256, 512}) {
       CHECK(prefill_head_dims_supported(dqk, dvo) ==
-            ((dqk == dvo && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dvo == 128)));
+            ((dqk == dvo && (dqk == 64 || dqk == 128 || dqk == 256 || dqk == 512)) || (dqk == 192 && dvo == 128)));
+      CHECK(mla_head_dims_supported(dqk, dvo) == (dvo == 512 && (dqk == 576 || dqk == 512)));
+    }
+  // head_dim_vo 512 runs in four parts of 128 V / O columns: V stages of one part
+  CHECK(prefill_vo_parts(512) == 4 && prefill_vo_parts(256) == 1 && prefill_vo_parts(128) == 1);
+  CHECK(prefill_smem_bytes(512, 512, 1) == 2 * (64 * 512 + 2 * 64 * (512 + 128)));
+  // MLA: Q [64, 576] and two [64, 576] K stages; V is read from the K tile
+  CHECK(prefill_smem_bytes(576, 512, 1, 2, true) == 2 * (64 * 576 + 2 * 64 * 576));
+  // both fit an sm_90 CTA's 227 KB with the paged kernels' 1 KB page table
+  CHECK(prefill_smem_bytes(512, 512, 1) + 1024 <= 227 * 1024);
+  CHECK(prefill_smem_bytes(576, 512, 1, 2, true) + 1024 <= 227 * 1024);
   // two M tiles: head dims <= 128, and only where the grid of 128-row CTAs fills 2 per SM
   CHECK(prefill_max_m_tiles(64, 64) == 2 && prefill_max_m_tiles(128, 128) == 2);
   CHECK(prefill_max_m_tiles(256, 256) == 1 && prefill_max_m_tiles(192, 128) == 1);
+  CHECK(prefill_max_m_tiles(512, 512) == 1 && prefill_max_m_tiles(576, 512) == 1);
+  // MLA: 128-column parts while they fit one wave of CTAs, 256 beyond
+  CHECK(mla_vo_cols(1, 132) == 128 && mla_vo_cols(33, 132) == 128 && mla_vo_cols(34, 132) == 256);
   CHECK(prefill_m_tiles(4096, 32, 8, 128, 128, 132) == 2);   // 1024 CTAs
   CHECK(prefill_m_tiles(1024, 32, 8, 128, 128, 132) == 1);   // 256 < 264
   CHECK(prefill_m_tiles(1056, 32, 8, 128, 128, 132) == 2);   // 33 x 8 = 264
@@ -156,6 +169,20 @@ void test_validate() {
   CHECK(validate_batch(c) == Status::kSuccess);
   c = b, c.num_items = 0, c.items = nullptr;
   CHECK(validate_batch(c) == Status::kSuccess);
+  // the MLA launch: paged, one KV head, [ckv || kpe] head dims, the kpe cache when kpe is 64 wide
+  PrefillParams<uint16_t> m = b;
+  m.num_qo_heads = 16, m.num_kv_heads = 1, m.head_dim_qk = 576, m.head_dim_vo = 512;
+  m.page_indices = idx, m.last_page_len = idx, m.page_size = 16, m.k_rope = buf;
+  CHECK(validate_batch(m, true) == Status::kSuccess);
+  CHECK(validate_batch(m) == Status::kUnsupported);  // not a prefill head-dim pair
+  c = m, c.k_rope = nullptr;
+  CHECK(validate_batch(c, true) == Status::kUnsupported);
+  c.head_dim_qk = 512;  // no kpe
+  CHECK(validate_batch(c, true) == Status::kSuccess);
+  c = m, c.num_kv_heads = 2, c.num_qo_heads = 16;
+  CHECK(validate_batch(c, true) == Status::kUnsupported);
+  c = m, c.head_dim_vo = 256;
+  CHECK(validate_batch(c, true) == Status::kUnsupported);
 }
 
 }  // namespace
