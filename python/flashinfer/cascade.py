@@ -140,7 +140,7 @@ class MultiLevelCascadeAttentionWrapper:
     levels above hold earlier positions and no request has more q rows than last-level keys). The other options (``pos_encoding_mode``,
     ``window_left``, ``logits_soft_cap``, ``sm_scale``, dtypes) go to every level as in FlashInfer;
     ``window_left`` then counts within each level's own keys. ``pos_encoding_mode="ROPE_LLAMA"``
-    is not supported by the paged prefill wrapper (``NotImplementedError``).
+    is not supported (``NotImplementedError``: each level's keys would be rotated from position 0).
 
     ``run`` computes the last level with its LSE, then levels 0, 1, ..., ``num_levels - 2`` each
     with its LSE, merged in place into the result (:func:`merge_state_in_place`): no host
@@ -196,6 +196,10 @@ class MultiLevelCascadeAttentionWrapper:
         planned as ``BatchPrefillWithPagedKVCacheWrapper.plan(qo_indptr_arr[l], ...,
         causal=causal if l == num_levels - 1 else False, ...)``. Every level must cover all q
         rows: equal ``qo_indptr[-1]`` (``ValueError``)."""
+        if _decode_mod._pos_code(pos_encoding_mode) == 1:
+            raise NotImplementedError("MultiLevelCascadeAttentionWrapper: pos_encoding_mode='ROPE_LLAMA' is not "
+                                      "supported (each level's keys would be rotated from position 0); apply RoPE "
+                                      "before appending to the cache and plan with pos_encoding_mode='NONE'")
         n = self._num_levels
         levels = [_per_level(arr, name, n) for arr, name in (
             (qo_indptr_arr, "qo_indptr_arr"), (paged_kv_indptr_arr, "paged_kv_indptr_arr"),

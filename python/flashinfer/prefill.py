@@ -4,7 +4,7 @@ size), bottom-right causal mask, custom mask, sliding window, soft cap, ALiBi, R
 
 What is checked here, before the binding (``_prefill``): the option strings and enums
 (``KeyError`` for an unknown ``kv_layout`` / ``pos_encoding_mode``), the unsupported features
-(``NotImplementedError``: other backends, fp8, per-head ``scale_*``, ``kv_cache_sf``), the
+(``NotImplementedError``: other backends, an fp8 q, per-head ``scale_*``, ``kv_cache_sf``), the
 dtypes, the head counts and the custom mask's size. The binding checks the rest (head dims,
 shapes, strides, devices, the packed mask's length) and raises ``flashinfer._ext.ArgumentError``
 (a ``ValueError``) naming the argument.
@@ -15,6 +15,14 @@ shapes, strides, devices, the packed mask's length) and raises ``flashinfer._ext
 and k. The rotated values are rounded to q's dtype, as FlashInfer's kernels round them when
 they rotate the 16-bit tiles in shared memory.
 
+fp8 K / V (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, with a float16 / bfloat16 q; spec
+§8.3) are cast to q's dtype (exact: every fp8 value is a float16 and a bfloat16 value) and run by
+the 16-bit kernels; ``k_scale`` (and, in the batch wrappers, ``q_scale``) multiplies sm_scale,
+``v_scale`` the output, not the LSE. The paged wrapper, with an fp8 cache or with
+``pos_encoding_mode="ROPE_LLAMA"``, gathers the plan's tokens out of the pages into ragged K / V
+(an index array built at plan) and runs the ragged kernel on them (one extra pass over the keys
+and values the batch reads; the cache itself is neither cast nor rotated).
+
 The batch wrappers, ``BatchPrefillWithPagedKVCacheWrapper`` and
 ``BatchPrefillWithRaggedKVCacheWrapper``, run the same kernel over many requests at once: ``plan``
 reads the index arrays on the host (it may synchronize), checks them, asks the binding for the
@@ -22,7 +30,13 @@ batch's work items (``_prefill.plan_batch``: one (request, row tile) pair per CT
 copies the index arrays, the packed custom mask's segment offsets and the work items to the
 device (the int workspace, or the caller's buffers under CUDA graphs); ``run`` checks the tensors
 it is given against the plan (no host synchronization) and launches ``_prefill.batch_prefill``,
-allocating only its outputs. See the classes for what is and is not supported.
+allocating only its outputs (and, for fp8 K / V or paged RoPE, the gathered / cast / rotated
+copies). See the classes for what is and is not supported.
+
+Not supported (``NotImplementedError``): an fp8 q (FA3's per-head ``scale_q`` / ``scale_k`` /
+``scale_v``), NVFP4 caches (``kv_cache_sf``), sinks, multi-item scoring, custom variants, other
+backends; and, in the paged wrapper under CUDA graphs (``use_cuda_graph=True``), fp8 caches and
+``pos_encoding_mode="ROPE_LLAMA"`` (the gathered copies' sizes depend on the plan).
 """
 
 from __future__ import annotations
@@ -37,8 +51,8 @@ import numpy as np
 from . import _prefill
 from . import decode as _decode_mod
 from ._ext import framework_of, to_dlpack
-from .decode import (BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _dtype_name, _host_ints, _layout_code,
-                     _pos_code, _soft_cap, _torch)
+from .decode import (_KV_FP8_CODES, BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _dtype_name, _host_ints,
+                     _layout_code, _pos_code, _soft_cap, _torch)
 from .page import _split_cache
 from .quantization import packbits, segment_packbits
 
@@ -115,11 +129,12 @@ def single_prefill_with_kv_cache(q: Any, k: Any, v: Any, scale_q: Any = None, sc
     r"""Attention of one request's query rows over its keys.
 
     q: ``[qo_len, num_qo_heads, head_dim_qk]``; k: ``[kv_len, num_kv_heads, head_dim_qk]`` (NHD) or
-    ``[num_kv_heads, kv_len, head_dim_qk]`` (HND); v likewise with ``head_dim_vo``; float16 /
-    bfloat16, last dimension contiguous (other strides free). Head dims (qk, vo): (64, 64),
-    (128, 128), (256, 256), (192, 128). Returns ``o [qo_len, num_qo_heads, head_dim_vo]`` (dtype
-    ``o_dtype or q.dtype``) and, with ``return_lse``, the base-2 ``lse [qo_len, num_qo_heads]``
-    float32 of the scaled logits.
+    ``[num_kv_heads, kv_len, head_dim_qk]`` (HND); v likewise with ``head_dim_vo``; q float16 /
+    bfloat16, k and v q's dtype or both fp8 (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``:
+    cast to q's dtype here, exactly, then the 16-bit kernel), last dimension contiguous (other
+    strides free). Head dims (qk, vo): (64, 64), (128, 128), (256, 256), (512, 512), (192, 128).
+    Returns ``o [qo_len, num_qo_heads, head_dim_vo]`` (dtype ``o_dtype or q.dtype``) and, with
+    ``return_lse``, the base-2 ``lse [qo_len, num_qo_heads]`` float32 of the scaled logits.
 
     Causal (bottom-right: row i sees keys ``j <= i + kv_len - qo_len``) is ignored when a custom
     mask is given: ``custom_mask`` bool ``[qo_len, kv_len]`` (packed here, which may sync) or
@@ -127,10 +142,11 @@ def single_prefill_with_kv_cache(q: Any, k: Any, v: Any, scale_q: Any = None, sc
     ``packbits(mask.flatten(), bitorder="little")``; it wins when both are given). The sliding
     window (``window_left >= 0``) keeps keys ``j >= i + kv_len - qo_len - window_left``, with or
     without a mask. ``sm_scale`` (default ``1/sqrt(head_dim_qk)``) is multiplied by ``k_scale``;
-    ``v_scale`` multiplies the output (not the LSE). A row with no key gives o = 0, lse = -inf.
-    ``use_fp16_qk_reduction`` is accepted and ignored (a performance hint). Under torch.compile
-    it is one custom op, ``torch.ops.flashinfer.single_prefill_with_kv_cache``
-    (flashinfer/_torch_ops.py), so ``fullgraph=True`` and ``mode="reduce-overhead"`` trace it.
+    ``v_scale`` multiplies the output (not the LSE); both apply to any K / V dtype. A row with no
+    key gives o = 0, lse = -inf. ``use_fp16_qk_reduction`` is accepted and ignored (a performance
+    hint). Under torch.compile it is one custom op,
+    ``torch.ops.flashinfer.single_prefill_with_kv_cache`` (flashinfer/_torch_ops.py), so
+    ``fullgraph=True`` and ``mode="reduce-overhead"`` trace it.
     """
     torch = sys.modules.get("torch")
     if torch is not None and torch.compiler.is_compiling():
@@ -179,16 +195,17 @@ def _single_prefill(q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = 
                 "[kv_len, num_kv_heads, head_dim]" if layout == 0 else "[num_kv_heads, kv_len, head_dim]")
             raise ValueError(f"{_OP}: {name} must be 3-D {what}; got shape {tuple(getattr(t, 'shape', ()))}")
     q_dt, k_dt, v_dt = _dtype_of(q), _dtype_of(k), _dtype_of(v)
-    for name, dt in (("q", q_dt), ("k", k_dt), ("v", v_dt)):
-        if dt.startswith("float8"):
-            raise NotImplementedError(f"{_OP}: {name}.dtype {dt}: fp8 q / K / V are not supported by single prefill "
-                                      "(use float16 or bfloat16)")
+    if q_dt.startswith("float8"):
+        raise NotImplementedError(f"{_OP}: q.dtype {q_dt}: an fp8 q is not supported (use float16 or bfloat16; k and "
+                                  "v may be fp8)")
     if q_dt not in _HALF:
         raise ValueError(f"{_OP}: q.dtype must be float16 or bfloat16; got {q_dt}")
-    if k_dt != q_dt:
-        raise ValueError(f"{_OP}: k.dtype must be {q_dt} (q's dtype); got {k_dt}")
-    if v_dt != q_dt:
-        raise ValueError(f"{_OP}: v.dtype must be {q_dt} (q's dtype); got {v_dt}")
+    kv_fp8 = k_dt in _KV_FP8_CODES
+    if k_dt != q_dt and not kv_fp8:
+        raise ValueError(f"{_OP}: k.dtype must be {q_dt} (q's dtype), float8_e4m3fn or float8_e5m2; got {k_dt}")
+    if v_dt != k_dt:
+        raise ValueError(f"{_OP}: v.dtype must be {k_dt} (" + ("k's dtype" if kv_fp8 else "q's dtype") + f"); got "
+                         f"{v_dt}")
     qo_len, num_qo_heads, head_dim_qk = (int(x) for x in q.shape)
     kv_len, num_kv_heads = (int(k.shape[0]), int(k.shape[1])) if layout == 0 else (int(k.shape[1]), int(k.shape[0]))
     head_dim_vo = int(v.shape[2])
@@ -228,6 +245,9 @@ def _single_prefill(q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = 
             mask = packed_custom_mask
         elif custom_mask is not None:
             mask = packbits(custom_mask, bitorder="little")  # row-major over [qo_len, kv_len]
+    if kv_fp8:  # exact cast to q's dtype (fp8 tensors are torch's), then the 16-bit kernel
+        to = getattr(_torch(), q_dt)
+        k, v = k.to(to), v.to(to)
     if pos == 1:
         q, k = _rope_copies(fw, q, k, layout, qo_len, kv_len, rope_scale, rope_theta)
     out = fw.empty((qo_len, num_qo_heads, head_dim_vo), q)
@@ -253,7 +273,7 @@ def trtllm_batch_context_with_kv_cache(*args: Any, **kwargs: Any):
 # Batch prefill: BatchPrefillWithPagedKVCacheWrapper / BatchPrefillWithRaggedKVCacheWrapper
 # ================================================================================================
 
-_BATCH_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
+_BATCH_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (512, 512), (192, 128))
 # Packed rows (query rows x group) of one work item's row tile with one 16-row M tile per warp:
 # prefill.h prefill_rows(1) = 4 warps x 16. Only used to size the padded work-item list under
 # CUDA graphs; plan() checks every plan's item count against that size.
@@ -313,6 +333,43 @@ def _mask_byte_indptr(qo_lens: np.ndarray, kv_lens: np.ndarray) -> np.ndarray:
     out = np.zeros(bits.size + 1, np.int64)
     np.cumsum((bits + 7) // 8, out=out[1:])
     return out
+
+
+def _offsets_in_requests(lens: np.ndarray) -> np.ndarray:
+    """Each token's index inside its request, over the requests' tokens concatenated (int64)."""
+    return np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+
+
+def _pad_items(items: np.ndarray, cap: int, op: str, rows: int = _TILE_ROWS) -> np.ndarray:
+    """The work items ([n, 2] int32) padded to ``cap`` rows with no-op items (a row tile past
+    request 0's rows), so that a CUDA graph launches the same grid after every plan."""
+    if items.shape[0] > cap:
+        raise RuntimeError(f"{op}: {items.shape[0]} work items exceed the CUDA-graph capacity {cap} (internal: the "
+                           f"row tile is not {rows} rows)")
+    padded = np.empty((cap, 2), np.int32)
+    padded[:, 0], padded[:, 1] = 0, _PAD_TILE
+    padded[:items.shape[0]] = items
+    return padded
+
+
+def _check_output(t: Any, name: str, shape: tuple, dtype: Any, device: Any) -> None:
+    """A caller's torch ``out`` / ``lse``: exactly this dtype, shape and device (FlashInfer's messages)."""
+    if t.dtype != dtype:
+        raise ValueError(f"Invalid dtype of {name}: expected {dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"Invalid shape of {name}: expected {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"Invalid device of {name}: expected {device}, got {t.device}")
+
+
+def _host_indptrs(qo_indptr: Any, kv_indptr: Any, kv_name: str, op: str) -> Tuple[np.ndarray, np.ndarray]:
+    """qo_indptr and the KV indptr (named kv_name) on the host, of one length (may synchronize)."""
+    qo_h = _host_ints(qo_indptr, "qo_indptr")
+    kv_h = _host_ints(kv_indptr, kv_name)
+    if kv_h.size != qo_h.size:
+        raise ValueError(f"{op}: the length of {kv_name} ({kv_h.size}) should be equal to the length of qo_indptr "
+                         f"({qo_h.size})")
+    return qo_h, kv_h
 
 
 def _check_indptr(indptr: np.ndarray, name: str) -> np.ndarray:
@@ -433,11 +490,12 @@ class _BatchPrefillBase:
         sm_scale, rope_scale, rope_theta)."""
         op = f"{self._NAME}.plan"
         pos = _pos_code(pos_encoding_mode)  # KeyError for anything but NONE / ROPE_LLAMA / ALIBI (or 0, 1, 2)
-        if pos == 1 and self._PAGED:
+        if pos == 1 and self._PAGED and self._use_cuda_graph:
             raise NotImplementedError(
-                "BatchPrefillWithPagedKVCacheWrapper: pos_encoding_mode='ROPE_LLAMA' is not supported (the keys live "
-                "in the paged cache, which cannot be rotated in place); apply RoPE to q and k before appending them "
-                "to the cache (flashinfer.rope.apply_rope_pos_ids) and plan with pos_encoding_mode='NONE'")
+                f"{self._NAME}: pos_encoding_mode='ROPE_LLAMA' is not supported under CUDA graphs "
+                "(use_cuda_graph=True): run gathers the plan's keys out of the pages into copies whose size depends "
+                "on the plan; apply RoPE before appending to the cache (flashinfer.rope.apply_rope_pos_ids) and plan "
+                "with pos_encoding_mode='NONE', or plan without CUDA graphs")
         window = -1 if window_left is None or int(window_left) < 0 else int(window_left)
         cap = _soft_cap(logits_soft_cap)
         scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
@@ -466,6 +524,8 @@ class _BatchPrefillBase:
         self._pos_code, self._k_window, self._k_cap, self._k_sm_scale, self._k_rope_scale, self._k_rope_theta = opts
         if self._pos_code == 1 and self._rope_pos is None:
             self._upload_rope_positions(self._non_blocking)
+        if self._PAGED and self._gather is None and (self._pos_code == 1 or self._kv_dequant is not None):
+            self._upload_gather_indices(self._non_blocking)
 
     def _plan_common(self, qo_h, kv_indptr_h, kv_lens, pages_h, last_h, page_size, num_qo_heads, num_kv_heads,
                      head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
@@ -479,14 +539,22 @@ class _BatchPrefillBase:
             raise ValueError(f"{op}: num_qo_heads ({num_qo_heads}) must be a positive multiple of num_kv_heads "
                              f"({num_kv_heads})")
         if (head_dim_qk, head_dim_vo) not in _BATCH_HEAD_DIMS:
-            raise ValueError(f"{op}: (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256) or "
-                             f"(192, 128); got ({head_dim_qk}, {head_dim_vo})")
+            raise ValueError(f"{op}: (head_dim_qk, head_dim_vo) must be (64, 64), (128, 128), (256, 256), (512, 512) "
+                             f"or (192, 128); got ({head_dim_qk}, {head_dim_vo})")
+        if str(q_data_type).replace("torch.", "") in _KV_FP8_CODES:
+            raise NotImplementedError(f"{op}: q_data_type {q_data_type}: an fp8 q is not supported (use float16 or "
+                                      "bfloat16; kv_data_type may be float8_e4m3fn or float8_e5m2)")
         q_name = _dtype_name(q_data_type if q_data_type is not None else "float16", "q_data_type")
         kv_name = _dtype_name(kv_data_type, "kv_data_type", fp8_ok=True) or q_name
         o_name = _dtype_name(o_data_type, "o_data_type") or q_name
-        if kv_name != q_name:
-            raise NotImplementedError(f"{op}: kv_data_type must equal q_data_type (fp8 K / V are not supported by "
-                                      f"batch prefill); got q={q_name}, kv={kv_name}")
+        if kv_name != q_name and kv_name not in _KV_FP8_CODES:
+            raise NotImplementedError(f"{op}: kv_data_type must equal q_data_type ({q_name}) or be fp8 "
+                                      f"(float8_e4m3fn / float8_e5m2); got {kv_name}")
+        if kv_name != q_name and self._PAGED and self._use_cuda_graph:
+            raise NotImplementedError(
+                f"{op}: an fp8 paged cache (kv_data_type={kv_name}) is not supported under CUDA graphs "
+                "(use_cuda_graph=True): run gathers the plan's keys out of the pages into copies whose size depends "
+                "on the plan; plan without CUDA graphs or with a 16-bit cache")
         opts = self._options(causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
                              rope_theta, head_dim_qk)
         qo_lens = _check_indptr(qo_h, "qo_indptr")
@@ -500,12 +568,7 @@ class _BatchPrefillBase:
             raise ValueError(f"{op}: qo_indptr[-1] * (num_qo_heads / num_kv_heads) must be < 2**31 - 128")
         graph = self._use_cuda_graph
         if graph:
-            if batch != self._fixed_batch_size:
-                raise ValueError(f"The batch size should be fixed in CUDA graph mode: the runtime batch size {batch} "
-                                 f"mismatches the batch size {self._fixed_batch_size} set at initialization")
-            if self._max_total_num_rows is not None and total_q > self._max_total_num_rows:
-                raise ValueError(f"The total number of rows in qo_indptr {total_q} in CUDA graph mode cannot exceed "
-                                 f"the number of rows of the first plan ({self._max_total_num_rows})")
+            self._check_graph_plan(batch, total_q)
 
         # custom mask: each request's [qo_len_b, kv_len_b] bits, its segment byte-aligned
         mask_dev = None
@@ -567,14 +630,8 @@ class _BatchPrefillBase:
                 raise RuntimeError(f"{op}: the work items' M tiles changed under CUDA graphs ({self._graph_m_tiles} -> "
                                    f"{m_tiles})")
             rows = _TILE_ROWS * m_tiles
-            cap = (max_rows * group + (rows - 1) * batch) // rows  # >= sum_b ceil(qo_len_b * group / rows)
-            if num_items > cap:
-                raise RuntimeError(f"{op}: {num_items} work items exceed the CUDA-graph capacity {cap} (internal: the "
-                                   f"row tile is not {rows} rows)")
-            padded = np.empty((cap, 2), np.int32)
-            padded[:, 0], padded[:, 1] = 0, _PAD_TILE  # no-op items: a row tile past request 0's rows
-            padded[:num_items] = items
-            items, num_items = padded, cap
+            items = _pad_items(items, (max_rows * group + (rows - 1) * batch) // rows, op, rows)
+            num_items = items.shape[0]
 
         # device copies: one pinned staging buffer -> int workspace copy (and, under CUDA graphs,
         # the caller's buffers)
@@ -632,6 +689,11 @@ class _BatchPrefillBase:
         self._cached_q_data_type = getattr(torch, q_name)
         self._cached_kv_data_type = getattr(torch, kv_name)
         self._cached_o_data_type = getattr(torch, o_name)
+        self._kv_name = kv_name
+        # fp8 K / V: run casts them to q's dtype (exact) and runs the 16-bit kernel
+        self._kv_dequant = self._cached_q_data_type if kv_name != q_name else None
+        self._pages_h = pages_h  # (paged) the pages in use, for the gather's index arrays
+        self._gather = None  # (paged, fp8 or RoPE) (page, slot, token kv_indptr) on the device
         # o_data_type other than q's: the kernel writes q's dtype into a temporary that run()
         # casts into o (one extra pass over o)
         self._o_cast = self._cached_o_data_type if o_name != q_name else None
@@ -644,6 +706,15 @@ class _BatchPrefillBase:
         self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
                           rope_scale, rope_theta, opts)
         self._planned = True
+
+    def _check_graph_plan(self, batch: int, total_q: int) -> None:
+        """Under CUDA graphs: the batch size fixed at construction, at most the first plan's query rows."""
+        if batch != self._fixed_batch_size:
+            raise ValueError(f"The batch size should be fixed in CUDA graph mode: the runtime batch size {batch} "
+                             f"mismatches the batch size {self._fixed_batch_size} set at initialization")
+        if self._max_total_num_rows is not None and total_q > self._max_total_num_rows:
+            raise ValueError(f"The total number of rows in qo_indptr {total_q} in CUDA graph mode cannot exceed "
+                             f"the number of rows of the first plan ({self._max_total_num_rows})")
 
     def _stage(self, parts, non_blocking) -> dict:
         """Copies the int32 arrays ``parts`` ((name, array) pairs) into the int workspace (16-byte
@@ -680,10 +751,8 @@ class _BatchPrefillBase:
         torch = _torch()
         qo_lens, kv_lens = self._qo_lens_h, self._kv_lens_h
         nq, nk = self._qo_indptr_last, self._total_kv
-        starts_q = np.repeat(np.cumsum(qo_lens) - qo_lens, qo_lens)
-        q_pos = np.arange(nq, dtype=np.int64) - starts_q + np.repeat(kv_lens - qo_lens, qo_lens)
-        k_pos = np.arange(nk, dtype=np.int64) - np.repeat(self._kv_indptr_h[:-1], kv_lens)
-        pos = np.concatenate([q_pos, k_pos]).astype(np.int32)
+        q_pos = _offsets_in_requests(qo_lens) + np.repeat(kv_lens - qo_lens, qo_lens)
+        pos = np.concatenate([q_pos, _offsets_in_requests(kv_lens)]).astype(np.int32)
         with torch.cuda.device(self.device):
             if self._use_cuda_graph:
                 if self._rope_pos_buf is None:
@@ -702,15 +771,32 @@ class _BatchPrefillBase:
                 dev = torch.from_numpy(pos).to(self.device, non_blocking=non_blocking)
                 self._rope_pos = (dev[:nq], dev[nq:])
 
+    def _upload_gather_indices(self, non_blocking) -> None:
+        """Paged fp8 / RoPE: where the plan's tokens sit. Token t of request b is in page
+        ``indices[indptr[b] + t // page_size]``, slot ``t % page_size``; run gathers those (page,
+        slot) pairs, in request order, into ragged ``[total_kv, num_kv_heads, head_dim]`` K / V and
+        launches over the token offsets ``kv_indptr`` = cumsum(kv_len_b) (int32). Page and slot
+        are int64, the index type torch's advanced indexing takes without a conversion."""
+        torch = _torch()
+        kv_lens, ps = self._kv_lens_h, self._page_size
+        t = _offsets_in_requests(kv_lens)
+        page = self._pages_h[np.repeat(self._kv_indptr_h[:-1], kv_lens) + t // ps]
+        tok_indptr = np.zeros(kv_lens.size + 1, np.int32)
+        tok_indptr[1:] = np.cumsum(kv_lens)
+        with torch.cuda.device(self.device):
+            idx = torch.from_numpy(np.stack([page, t % ps])).to(self.device, non_blocking=non_blocking)
+            self._gather = (idx[0], idx[1], torch.from_numpy(tok_indptr).to(self.device, non_blocking=non_blocking))
+
     # -- run ------------------------------------------------------------------------------------------
     def _check_run(self):
         if not self._planned:
             raise RuntimeError(f"{self._NAME}.run: call plan() (begin_forward) first")
 
-    def _launch(self, q, k, v, pages, last, out, lse, return_lse, lse_base, lse_layout, enable_pdl, sm_scale,
-                v_scale):
-        """Checks q / out / lse against the plan, allocates the outputs, launches the kernel and
-        applies the LSE base / layout and the o_data_type cast."""
+    def _launch(self, q, k, v, kv_indptr, pages, last, layout, out, lse, return_lse, lse_base, lse_layout, enable_pdl,
+                sm_scale, v_scale):
+        """Checks q / out / lse against the plan, allocates the outputs, launches the kernel (paged
+        when ``pages`` is given, else ragged k / v in ``layout`` over the token offsets
+        ``kv_indptr``) and applies the LSE base / layout and the o_data_type cast."""
         if lse_base not in ("log2", "ln"):
             raise ValueError(f"lse_base must be 'log2' or 'ln'; got {lse_base!r}")
         if lse_layout not in ("NH", "HN"):
@@ -769,7 +855,7 @@ class _BatchPrefillBase:
                 k_lse = fw.empty_f32((n, hq), q)  # the kernel's [N, H]; transposed / copied below
         if n and self._num_items:
             if self._pos_code == 1:  # ragged RoPE: rotated copies of q and k
-                q, k, v = self._rope_copies(q, k, v)
+                q, k, v = self._rope_copies(q, k, v, layout)
             dl = self._to_dlpack if is_torch else fw.to_dlpack
             mask = self._mask
             _prefill.batch_prefill(
@@ -777,10 +863,10 @@ class _BatchPrefillBase:
                 None if k_lse is None else to_dlpack(k_lse, "lse"),
                 None if mask is None else self._to_dlpack(mask),
                 None if mask is None else self._to_dlpack(self._mask_indptr),
-                self._to_dlpack(self._qo_indptr_buf), self._to_dlpack(self._kv_indptr_dev),
+                self._to_dlpack(self._qo_indptr_buf), self._to_dlpack(kv_indptr),
                 None if pages is None else self._to_dlpack(pages), None if last is None else self._to_dlpack(last),
                 self._to_dlpack(self._items), self._num_items, self._m_tiles,
-                self._page_size if pages is not None else 1, self._layout, self._causal and mask is None,
+                self._page_size if pages is not None else 1, layout, self._causal and mask is None,
                 self._k_window, sm_scale, self._k_cap, self._pos_code == 2, v_scale,
                 self._raw_stream(self._dev_index) if is_torch else fw.stream(q), enable_pdl is not False)
         if want_lse:
@@ -798,9 +884,9 @@ class _BatchPrefillBase:
             out = k_out
         return (out, lse) if return_lse else out
 
-    def _rope_copies(self, q, k, v):
-        """Rotated copies of q and of k's first kv_indptr[-1] rows (v cut to as many rows: the
-        binding takes k and v of one length)."""
+    def _rope_copies(self, q, k, v, layout):
+        """Rotated copies of q and of ragged k's (``layout``) first kv_indptr[-1] rows (v cut to as
+        many rows: the binding takes k and v of one length)."""
         from .rope import apply_rope_pos_ids
 
         if self._rope_pos is None:
@@ -811,7 +897,7 @@ class _BatchPrefillBase:
         nk = self._total_kv
         if nk == 0:
             return q_rot, k, v
-        hnd = self._layout == 1
+        hnd = layout == 1
         k_nhd = k.swapaxes(0, 1) if hnd else k  # [total_kv, num_kv_heads, d]
         if k_nhd.shape[0] != nk:
             k_nhd = k_nhd[:nk]
@@ -824,8 +910,8 @@ class _BatchPrefillBase:
             if t.dtype != self._cached_kv_data_type:
                 raise ValueError(f"The dtype of {what} {t.dtype} does not match the kv_data_type "
                                  f"{self._cached_kv_data_type} specified in plan function.")
-        elif _dtype_of(t) != self._q_name:
-            raise ValueError(f"The dtype of {what} {_dtype_of(t)} does not match the kv_data_type {self._q_name} "
+        elif _dtype_of(t) != self._kv_name:
+            raise ValueError(f"The dtype of {what} {_dtype_of(t)} does not match the kv_data_type {self._kv_name} "
                              "specified in plan function.")
 
     def end_forward(self) -> None:
@@ -848,12 +934,21 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     page_size + last_page_len_b, or ``seq_lens[b]`` when given). Masks (bottom-right causal,
     sliding window, custom), soft cap, ALiBi, GQA of any group size and the LSE are as in
     :func:`single_prefill_with_kv_cache`; head dims (qk, vo) (64, 64), (128, 128), (256, 256),
-    (192, 128); q and the cache float16 / bfloat16 (``q_data_type`` / ``kv_data_type`` of the
-    plan, checked at run). Not supported: ``pos_encoding_mode="ROPE_LLAMA"`` (the cache cannot be
-    rotated in place: apply RoPE before appending to the cache), fp8 caches, multi-item scoring,
-    sinks, NVFP4, custom variants. ``fixed_split_size`` / ``disable_split_kv`` are accepted (no
-    split-KV here; they fix the row tiling, so each request's result does not depend on the rest
-    of the batch); ``use_fp16_qk_reduction`` and the cuDNN-only arguments are ignored.
+    (512, 512), (192, 128); q float16 / bfloat16, the cache q's dtype or fp8 (``q_data_type`` /
+    ``kv_data_type`` of the plan, checked at run). ``q_scale`` / ``k_scale`` multiply sm_scale,
+    ``v_scale`` the output (not the LSE).
+
+    An fp8 cache (``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``) and
+    ``pos_encoding_mode="ROPE_LLAMA"`` (query row i of request b at position ``i + kv_len_b -
+    qo_len_b``, key j at j, as in the ragged wrapper) take another path: plan builds the index of
+    the batch's tokens in the pages, and run gathers them into ragged K / V copies (cast to q's
+    dtype, exactly; rotated copies of q and k for RoPE) and runs the ragged kernel on them. It
+    costs a pass over the keys and values the batch reads and memory for those copies; it is not
+    available under CUDA graphs (``NotImplementedError`` at plan: the copies' size depends on the
+    plan). Not supported: fp8 q, multi-item scoring, sinks, NVFP4, custom variants.
+    ``fixed_split_size`` / ``disable_split_kv`` are accepted (no split-KV here; they fix the row
+    tiling, so each request's result does not depend on the rest of the batch);
+    ``use_fp16_qk_reduction`` and the cuDNN-only arguments are ignored.
 
     CUDA graphs (``use_cuda_graph=True``): the four index buffers are required (CUDA int32;
     ``custom_mask_buf`` uint8 / ``mask_indptr_buf`` int32 when a custom mask is planned); the
@@ -959,8 +1054,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         ``return_lse`` (or into a given ``lse``), the LSE of the scaled logits: base 2 (``lse_base
         ="log2"``) or e (``"ln"``), ``[qo_indptr[-1], num_qo_heads]`` (``lse_layout="NH"``) or
         contiguous ``[num_qo_heads, qo_indptr[-1]]`` (``"HN"``). ``paged_kv_cache``: any of the
-        four forms (spec §1.0). ``q_scale`` / ``k_scale`` multiply sm_scale, ``v_scale`` o. No host
-        synchronization; allocates only the outputs."""
+        four forms (spec §1.0), of the planned ``kv_data_type``. ``q_scale`` / ``k_scale`` multiply
+        sm_scale, ``v_scale`` o. No host synchronization; allocates only the outputs (and, with an
+        fp8 cache or ROPE_LLAMA, the gathered K / V and the rotated copies)."""
         self._check_run()
         if window_left is not None:
             assert window_left == self._window_left, (
@@ -985,8 +1081,30 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             raise ValueError(f"paged_kv_cache has {k_cache.shape[0]} pages; the planned page table uses page "
                              f"{self._max_page}")
         scale = self._k_sm_scale * _float_scale(q_scale, "q_scale") * _float_scale(k_scale, "k_scale")
-        return self._launch(q, k_cache, v_cache, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf, out,
-                            lse, return_lse, lse_base, lse_layout, enable_pdl, scale, _float_scale(v_scale, "v_scale"))
+        if self._gather is None:
+            return self._launch(q, k_cache, v_cache, self._kv_indptr_dev, self._paged_kv_indices_buf,
+                                self._paged_kv_last_page_len_buf, self._layout, out, lse, return_lse, lse_base,
+                                lse_layout, enable_pdl, scale, _float_scale(v_scale, "v_scale"))
+        k, v = self._gathered_kv(k_cache, v_cache)  # fp8 / RoPE: the ragged kernel on the plan's tokens
+        return self._launch(q, k, v, self._gather[2], None, None, 0, out, lse, return_lse, lse_base, lse_layout,
+                            enable_pdl, scale, _float_scale(v_scale, "v_scale"))
+
+    def _gathered_kv(self, k_cache, v_cache):
+        """The plan's keys and values copied out of the pages (the index arrays of
+        _upload_gather_indices) as ragged NHD ``[total_kv, num_kv_heads, head_dim]`` tensors of q's
+        dtype; an fp8 cache is gathered as bytes, then cast (exact)."""
+        if type(k_cache) is not self._tensor_type or type(v_cache) is not self._tensor_type:
+            raise ValueError(f"{self._NAME}.run: an fp8 paged cache or pos_encoding_mode='ROPE_LLAMA' needs the cache "
+                             f"as torch tensors; got {type(k_cache).__module__}.{type(k_cache).__name__}")
+        page, slot, _ = self._gather
+        to = self._kv_dequant
+        out = []
+        for c in (k_cache, v_cache):
+            if to is not None:
+                c = c.view(_torch().uint8)
+            r = c[page, slot] if self._layout == 0 else c[page, :, slot]  # [total_kv, num_kv_heads, d]
+            out.append(r if to is None else r.view(self._cached_kv_data_type).to(to))
+        return out[0], out[1]
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -1019,11 +1137,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
     ``[num_kv_heads, kv_indptr[-1], head_dim]`` HND). Options as in
     :class:`BatchPrefillWithPagedKVCacheWrapper`, plus ``pos_encoding_mode="ROPE_LLAMA"``:
     rotated copies of q (row i of request b at position ``i + kv_len_b - qo_len_b``) and k (key j
-    at j) are made at run (one extra pass over q and k, rounded to their dtype). As in FlashInfer
-    0.7.2, ``q_scale`` / ``k_scale`` / ``v_scale`` apply only to fp8 K / V, which this package does
-    not support for prefill: with 16-bit K / V they are ignored; ``o_scale`` other than 1 raises
-    ``NotImplementedError``. ``v_indptr`` / ``o_indptr`` and the other cuDNN-only arguments are
-    ignored. Under CUDA graphs with ROPE_LLAMA the first RoPE plan also fixes the most keys.
+    at j) are made at run (one extra pass over q and k, rounded to their dtype). fp8 K / V
+    (``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``) are cast to q's dtype at run
+    (exact; one extra pass over the planned rows). As in FlashInfer 0.7.2, ``q_scale`` /
+    ``k_scale`` (factors of sm_scale) and ``v_scale`` (of the output) apply only to fp8 K / V: with
+    16-bit K / V they are ignored; ``o_scale`` other than 1 raises ``NotImplementedError``.
+    ``v_indptr`` / ``o_indptr`` and the other cuDNN-only arguments are ignored. Under CUDA graphs
+    with ROPE_LLAMA the first RoPE plan also fixes the most keys.
     """
 
     _PAGED = False
@@ -1059,11 +1179,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         request b's block ``[qo_len_b, kv_indptr[b+1] - kv_indptr[b]]``."""
         _no_multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         op = f"{self._NAME}.plan"
-        qo_h = _host_ints(qo_indptr, "qo_indptr")
-        kv_h = _host_ints(kv_indptr, "kv_indptr")
-        if kv_h.size != qo_h.size:
-            raise ValueError(f"{op}: the length of kv_indptr ({kv_h.size}) should be equal to the length of qo_indptr "
-                             f"({qo_h.size})")
+        qo_h, kv_h = _host_indptrs(qo_indptr, kv_indptr, "kv_indptr", op)
         kv_lens = _check_indptr(kv_h, "kv_indptr")
         self._plan_common(qo_h, kv_h, kv_lens, None, None, 1, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                           custom_mask, packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
@@ -1077,7 +1193,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             kv_cache_sf=None):
         """o ``[qo_indptr[-1], num_qo_heads, head_dim_vo]`` (dtype o_data_type) and the LSE as in
         the paged wrapper's ``run``. No host synchronization; allocates only the outputs (and,
-        with ROPE_LLAMA, the rotated copies of q and k)."""
+        with ROPE_LLAMA, the rotated copies of q and k; with fp8 K / V, their casts)."""
         self._check_run()
         if kv_cache_sf is not None:
             raise NotImplementedError("kv_cache_sf (NVFP4 K / V scale factors) is not supported")
@@ -1093,8 +1209,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         if k.shape[hn] != self._num_kv_heads or k.shape[2] != self._head_dim_qk or v.shape[2] != self._head_dim_vo:
             raise ValueError(f"k / v num_kv_heads and head dims ({k.shape[hn]}, {k.shape[2]}, {v.shape[2]}) do not "
                              f"match the plan ({self._num_kv_heads}, {self._head_dim_qk}, {self._head_dim_vo})")
-        return self._launch(q, k, v, None, None, out, lse, return_lse, lse_base, lse_layout, enable_pdl,
-                            self._k_sm_scale, 1.0)
+        scale, out_scale = self._k_sm_scale, 1.0
+        if self._kv_dequant is not None:  # fp8 K / V: the scales apply; the 16-bit kernel on exact casts
+            scale *= _float_scale(q_scale, "q_scale") * _float_scale(k_scale, "k_scale")
+            out_scale = _float_scale(v_scale, "v_scale")
+            nk = self._total_kv
+            if k.shape[tn] != nk:  # (rows past kv_indptr[-1] are not read: not cast either)
+                k, v = (k[:nk], v[:nk]) if tn == 0 else (k[:, :nk], v[:, :nk])
+            k, v = k.to(self._kv_dequant), v.to(self._kv_dequant)
+        return self._launch(q, k, v, self._kv_indptr_dev, None, None, self._layout, out, lse, return_lse, lse_base,
+                            lse_layout, enable_pdl, scale, out_scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .decode import _host_ints
+from .decode import _host_ints, _pos_code
 from .prefill import BatchPrefillWithPagedKVCacheWrapper
 
 __all__ = ["BlockSparseAttentionWrapper"]
@@ -71,6 +71,8 @@ class BlockSparseAttentionWrapper:
         given = [k for k, v in vendor.items() if v is not None]
         if given:
             raise NotImplementedError(f"{_OP}.plan: {', '.join(given)} (vendor-backend options) are not supported")
+        if _pos_code(pos_encoding_mode) == 1:  # (the inner wrapper would rotate each block row's keys from 0)
+            raise NotImplementedError(f"{_OP}.plan: pos_encoding_mode='ROPE_LLAMA' is not supported")
         M, N, R, C = int(M), int(N), int(R), int(C)
         if M < 0 or N < 0 or R < 1 or C < 1:
             raise ValueError(f"{_OP}.plan: M, N must be >= 0 and R, C >= 1; got M={M}, N={N}, R={R}, C={C}")

@@ -3,18 +3,20 @@
 GPU: results against the float64 reference (reference_prefill.prefill_ref, request by request)
 over the spec §1.6 grid at moderate sizes: batch {1, 3, 12} with ragged lengths including empty
 requests (qo_len 0, kv_len 0), qo_len {1, 17, 37, 127}, kv_len {1, 54, 97, 512}, page_size
-{1, 5, 16}, head dims (64, 64), (128, 128), (256, 256), (192, 128), groups {1, 4, 7}, NHD / HND,
-fp16 / bf16, causal on / off, all four paged-cache forms; sliding window, soft cap, ALiBi, custom
-and packed masks, RoPE (ragged), LSE base / layout variants, preallocated out / lse, o_data_type,
-scales, seq_lens, batch vs per-request single_prefill_with_kv_cache, batch invariance with
-fixed_split_size, CUDA-graph capture / re-plan / replay, the two-M-tile kernel, strided views,
-CuPy; and the run-time / plan-time argument checks.
+{1, 5, 16}, head dims (64, 64), (128, 128), (256, 256), (192, 128) (and (512, 512) once each),
+groups {1, 4, 7}, NHD / HND, fp16 / bf16, causal on / off, all four paged-cache forms; sliding
+window, soft cap, ALiBi, custom and packed masks, RoPE (ragged and paged), fp8 K / V (e4m3 / e5m2,
+paged and ragged, against the reference on the dequantized values with amax / 256 scales; with
+RoPE), LSE base / layout variants, preallocated out / lse, o_data_type, scales, seq_lens, batch vs
+per-request single_prefill_with_kv_cache, batch invariance with fixed_split_size, CUDA-graph
+capture / re-plan / replay, the two-M-tile kernel, strided views, CuPy; and the run-time /
+plan-time argument checks.
 
 CPU (no GPU needed): the signatures and module surface, the constructors' checks, the cache-form
 unpacking, the mask segment offsets, plan_batch's work items, and the wrappers' host side end to
 end (plan's lengths, index copies, mask packing, work items, CUDA-graph padding, RoPE positions,
-LSE base / layout, output casts) with the kernel emulated in float64 from its binding contract
-(``emulated`` fixture).
+the paged gather of fp8 / RoPE plans, the fp8 casts and scales, LSE base / layout, output casts)
+with the kernel emulated in float64 from its binding contract (``emulated`` fixture).
 """
 
 from __future__ import annotations
@@ -83,30 +85,53 @@ class Batch:
                 k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
             self.k, self.v = k, v
             return
-        self.page_size = page_size
+        self.page_size, self.form = page_size, form
         gen = torch.Generator().manual_seed(sum(kv_lens) * 7 + page_size)
         t = make_page_table(kv_lens, page_size, dev, spare_pages=spare_pages, generator=gen)
         self.table = t
         P = t.num_pages
         if form in ("4d", "tuple3"):
             assert page_size == 1
-        shape = (lambda d: (P, page_size, hkv, d)) if layout == "NHD" else (lambda d: (P, hkv, page_size, d))
         if form in ("5d", "4d"):
             assert dqk == dvo
-            full = torch.randn((P, 2) + shape(dqk)[1:], dtype=dtype, device=dev)
+        shape = (lambda d: (P, page_size, hkv, d)) if layout == "NHD" else (lambda d: (P, hkv, page_size, d))
+        self._set_cache(*(torch.randn(shape(d), dtype=dtype, device=dev) for d in (dqk, dvo)))
+
+    def _set_cache(self, k4, v4):
+        """The cache in this batch's form from 4-D k / v pages, and the per-request reference keys /
+        values (fp8 pages: their values cast to q's dtype)."""
+        layout, form = self.layout, self.form
+        if form in ("5d", "4d"):
+            full = k4.new_empty((k4.shape[0], 2) + tuple(k4.shape[1:]))
+            full[:, 0], full[:, 1] = k4, v4
             k4, v4 = full[:, 0], full[:, 1]
             self.cache = full if form == "5d" else full.squeeze(2 if layout == "NHD" else 3)
-        else:
-            k4 = torch.randn(shape(dqk), dtype=dtype, device=dev)
-            v4 = torch.randn(shape(dvo), dtype=dtype, device=dev)
-            if form == "tuple4":
-                self.cache = (k4, v4)
-            else:  # tuple3: [P, hkv, d]
-                self.cache = (k4.squeeze(1 if layout == "NHD" else 2), v4.squeeze(1 if layout == "NHD" else 2))
+        elif form == "tuple4":
+            self.cache = (k4, v4)
+        else:  # tuple3: [P, hkv, d]
+            self.cache = (k4.squeeze(1 if layout == "NHD" else 2), v4.squeeze(1 if layout == "NHD" else 2))
         self.k4, self.v4 = k4, v4
+        kd, vd = k4.to(self.dtype), v4.to(self.dtype)
+        t = self.table
         ip, ind, last = t.indptr.tolist(), t.indices.tolist(), t.last_page_len.tolist()
-        self.kv = [gather_pages(k4, v4, layout, ip, ind, last, b) if ip[b + 1] > ip[b] else
-                   (k4.new_zeros(0, hkv, dqk), v4.new_zeros(0, hkv, dvo)) for b in range(len(kv_lens))]
+        self.kv = [gather_pages(kd, vd, layout, ip, ind, last, b) if ip[b + 1] > ip[b] else
+                   (kd.new_zeros(0, self.hkv, self.dqk), vd.new_zeros(0, self.hkv, self.dvo))
+                   for b in range(len(self.kv_lens))]
+
+    def quantize(self, fp8):
+        """K / V (the cache, or ragged k / v) stored as fp8 ``x / scale`` with per-tensor scales
+        ``amax / 256`` (FlashInfer's tests); the reference keys / values become the stored values
+        dequantized by a plain cast. Returns (k_scale, v_scale): the factors of sm_scale and o."""
+        k, v = (self.k4, self.v4) if self.kind == "paged" else (self.k, self.v)
+        ks, vs = (x.abs().amax().item() / 256 for x in (k, v))
+        k8, v8 = (k.float() / ks).to(fp8), (v.float() / vs).to(fp8)
+        if self.kind == "paged":
+            self._set_cache(k8, v8)
+        else:
+            self.k, self.v = k8, v8
+            kd, vd = (x.to(self.dtype) if self.layout == "NHD" else x.to(self.dtype).transpose(0, 1) for x in (k8, v8))
+            self.kv = [(kd[a:b], vd[a:b]) for a, b in zip(self.kv_indptr[:-1], self.kv_indptr[1:])]
+        return ks, vs
 
     def plan_args(self):
         dev = self.q.device
@@ -193,6 +218,7 @@ PAGED_CASES = [
     (12, 16, "NHD", 128, 128, 28, 4, B, True, "tuple4"),
     (1, 1, "HND", 64, 64, 4, 1, H, True, "tuple3"),
     (12, 5, "HND", 128, 128, 16, 4, H, True, "5d"),
+    (3, 16, "NHD", 512, 512, 8, 2, B, True, "tuple4"),  # head_dim 512
 ]
 
 
@@ -229,6 +255,7 @@ RAGGED_CASES = [
     (1, "HND", 256, 256, 16, 4, H, False),
     (3, "HND", 128, 128, 8, 2, B, True),
     (12, "HND", 128, 128, 32, 8, H, False),
+    (3, "HND", 512, 512, 8, 8, H, False),  # head_dim 512
 ]
 
 
@@ -393,16 +420,145 @@ def test_ragged_rope(layout, dtype, scale, theta, causal):
         check(o, lse, *bt.ref(causal=causal))
 
 
+# (layout, page_size, cache form, q dtype, rope_scale, rope_theta, causal)
+PAGED_ROPE_CASES = [("NHD", 16, "tuple4", H, None, None, True), ("HND", 5, "5d", B, 2.0, 5e5, False),
+                    ("NHD", 1, "4d", H, None, None, False), ("HND", 1, "tuple3", B, 8.0, 1e4, True)]
+
+
 @gpu
-def test_paged_rope_is_not_implemented():
-    qo_lens, kv_lens = LENS[3]
-    bt = Batch("paged", qo_lens, kv_lens, 8, 2, 128, 128, H)
+@pytest.mark.parametrize("layout,ps,form,dtype,scale,theta,causal", PAGED_ROPE_CASES)
+def test_paged_rope(layout, ps, form, dtype, scale, theta, causal):
+    """Paged ROPE_LLAMA (spec 1.6): the keys gathered out of the pages, then rotated as in the
+    ragged wrapper (query row i of request b at i + kv_len_b - qo_len_b, key j at j); the cache
+    is not modified."""
+    qo_lens, kv_lens = LENS[12]
+    bt = Batch("paged", qo_lens, kv_lens, 16, 4, 128, 128, dtype, layout, ps, form)
+    cache0 = [c.clone() for c in (bt.cache if isinstance(bt.cache, tuple) else (bt.cache,))]
     w = bt.wrapper()
-    with pytest.raises(NotImplementedError, match="ROPE_LLAMA"):
-        bt.plan(w, pos_encoding_mode="ROPE_LLAMA")
+    bt.plan(w, causal=causal, pos_encoding_mode="ROPE_LLAMA", rope_scale=scale, rope_theta=theta)
+    o, lse = w.run(*bt.run_args(), return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(cache0, bt.cache if isinstance(bt.cache, tuple) else (bt.cache,)))
+    check(o, lse, *bt.ref(causal=causal, rope=True, rope_scale=scale or 1.0, rope_theta=theta or 1e4))
+    with pytest.raises(AssertionError):  # the test's sanity: RoPE changes the result
+        check(o, lse, *bt.ref(causal=causal))
+
+
+@gpu
+def test_paged_rope_forward_and_replan():
+    """The deprecated forward switches a NONE plan to ROPE_LLAMA (and back); a re-plan with other
+    lengths rebuilds the gather's index."""
+    bt = Batch("paged", *LENS[3], 8, 2, 128, 128, H, "NHD", 5)
+    w = bt.wrapper()
     bt.plan(w, causal=True)
-    with pytest.raises(NotImplementedError, match="ROPE_LLAMA"):
-        w.forward(*bt.run_args(), causal=True, pos_encoding_mode="ROPE_LLAMA")
+    o, lse = w.forward_return_lse(*bt.run_args(), causal=True, pos_encoding_mode="ROPE_LLAMA")
+    check(o, lse, *bt.ref(causal=True, rope=True))
+    o, lse = w.forward_return_lse(*bt.run_args(), causal=True)
+    check(o, lse, *bt.ref(causal=True))
+    b2 = Batch("paged", *LENS[12], 8, 2, 128, 128, H, "NHD", 5)
+    b2.plan(w, causal=True, pos_encoding_mode="ROPE_LLAMA")
+    o, lse = w.run(*b2.run_args(), return_lse=True)
+    check(o, lse, *b2.ref(causal=True, rope=True))
+
+
+# (fp8 dtype, q dtype, layout, page_size, cache form, causal)
+PAGED_FP8_CASES = [
+    ("float8_e4m3fn", H, "NHD", 16, "tuple4", True),
+    ("float8_e5m2", B, "HND", 16, "5d", False),
+    ("float8_e4m3fn", B, "HND", 5, "tuple4", False),
+    ("float8_e5m2", H, "NHD", 5, "5d", True),
+    ("float8_e4m3fn", H, "HND", 1, "tuple3", True),
+    ("float8_e5m2", B, "NHD", 1, "4d", False),
+]
+
+
+@gpu
+@pytest.mark.parametrize("fp8,dtype,layout,ps,form,causal", PAGED_FP8_CASES)
+def test_paged_fp8(fp8, dtype, layout, ps, form, causal):
+    """fp8 cache (spec 8.3 / 1.6): against the float64 reference on the dequantized (plain cast)
+    values, k_scale folded into sm_scale, v_scale into o (not the LSE); q_scale multiplies
+    sm_scale."""
+    qo_lens, kv_lens = LENS[12]
+    bt = Batch("paged", qo_lens, kv_lens, 28, 4, 128, 128, dtype, layout, ps, form)
+    ks, vs = bt.quantize(getattr(torch, fp8))
+    w = bt.wrapper()
+    bt.plan(w, causal=causal, kv_data_type=getattr(torch, fp8))
+    o, lse = w.run(*bt.run_args(), k_scale=ks, v_scale=vs, return_lse=True)
+    assert o.dtype == dtype
+    check(o, lse, *bt.ref(causal=causal, sm_scale=ks / math.sqrt(128), v_scale=vs))
+    o2 = w.run(*bt.run_args(), q_scale=0.5, k_scale=ks, v_scale=vs)
+    check(o2, None, *bt.ref(causal=causal, sm_scale=0.5 * ks / math.sqrt(128), v_scale=vs))
+
+
+@gpu
+@pytest.mark.parametrize("fp8,dtype,layout,causal", [("float8_e4m3fn", B, "NHD", True),
+                                                     ("float8_e5m2", H, "HND", False), ("float8_e5m2", B, "NHD", True)])
+def test_ragged_fp8(fp8, dtype, layout, causal):
+    """Ragged fp8 K / V against the reference on the dequantized values: k_scale / q_scale
+    multiply sm_scale, v_scale o (with fp8 K / V the scales apply, FlashInfer 0.7.2)."""
+    qo_lens, kv_lens = LENS[12]
+    bt = Batch("ragged", qo_lens, kv_lens, 32, 8, 128, 128, dtype, layout)
+    ks, vs = bt.quantize(getattr(torch, fp8))
+    w = bt.wrapper()
+    bt.plan(w, causal=causal, kv_data_type=fp8)
+    o, lse = w.run(*bt.run_args(), q_scale=2.0, k_scale=ks, v_scale=vs, return_lse=True)
+    check(o, lse, *bt.ref(causal=causal, sm_scale=2.0 * ks / math.sqrt(128), v_scale=vs))
+
+
+@gpu
+@pytest.mark.parametrize("fp8,layout,ps", [("float8_e4m3fn", "HND", 16), ("float8_e5m2", "NHD", 5)])
+def test_paged_fp8_rope(fp8, layout, ps):
+    """fp8 cache with ROPE_LLAMA: cast, then rotate (the rotated keys rounded to q's dtype)."""
+    bt = Batch("paged", *LENS[12], 16, 4, 128, 128, B, layout, ps)
+    ks, vs = bt.quantize(getattr(torch, fp8))
+    w = bt.wrapper()
+    bt.plan(w, causal=True, kv_data_type=fp8, pos_encoding_mode="ROPE_LLAMA")
+    o, lse = w.run(*bt.run_args(), k_scale=ks, v_scale=vs, return_lse=True)
+    check(o, lse, *bt.ref(causal=True, rope=True, sm_scale=ks / math.sqrt(128), v_scale=vs))
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+def test_fp8_and_rope_checks(kind):
+    _fp8_and_rope_checks(kind, CUDA)
+
+
+def _fp8_and_rope_checks(kind, dev):
+    """The cache / k / v dtype must be the planned kv_data_type (ValueError); fp8 q is
+    NotImplementedError; under CUDA graphs the paged wrapper rejects fp8 caches and ROPE_LLAMA at
+    plan and in forward (NotImplementedError), the ragged one takes fp8 K / V."""
+    bt = Batch(kind, *LENS[3], 4, 2, 64, 64, H, "NHD", 16, dev=dev)
+    args16 = bt.run_args()
+    bt.quantize(torch.float8_e4m3fn)
+    w = bt.wrapper(dev=dev)
+    bt.plan(w, kv_data_type=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="does not match the kv_data_type torch.float8_e4m3fn"):
+        w.run(*args16)
+    e5 = (tuple(x.to(torch.float8_e5m2) for x in args16[1]),) if kind == "paged" else tuple(
+        x.to(torch.float8_e5m2) for x in args16[1:])
+    with pytest.raises(ValueError, match="does not match the kv_data_type"):
+        w.run(bt.q, *e5)
+    bt.plan(w)
+    with pytest.raises(ValueError, match="does not match the kv_data_type torch.float16"):
+        w.run(*bt.run_args())
+    with pytest.raises(NotImplementedError, match="fp8 q"):
+        bt.plan(w, q_data_type="float8_e4m3fn", kv_data_type="float8_e4m3fn")
+    with pytest.raises(NotImplementedError, match="kv_data_type must equal q_data_type"):
+        bt.plan(w, kv_data_type=torch.bfloat16)
+    bufs = [torch.zeros(n, dtype=torch.int32, device=dev) for n in (4, 4, 64, 3)]
+    if kind == "paged":
+        wg = Paged(workspace(dev), "NHD", True, *bufs)
+        with pytest.raises(NotImplementedError, match="fp8 paged cache.*CUDA graphs"):
+            bt.plan(wg, kv_data_type=torch.float8_e4m3fn)
+        with pytest.raises(NotImplementedError, match="ROPE_LLAMA.*CUDA graphs"):
+            bt.plan(wg, pos_encoding_mode="ROPE_LLAMA")
+        bt.plan(wg, causal=True)
+        with pytest.raises(NotImplementedError, match="ROPE_LLAMA.*CUDA graphs"):
+            wg.forward(*args16, causal=True, pos_encoding_mode="ROPE_LLAMA")
+    else:
+        wg = Ragged(workspace(dev), "NHD", True, *bufs[:2])
+        bt.plan(wg, causal=True, kv_data_type=torch.float8_e4m3fn)
+        ks, vs = 0.5, 2.0
+        check(wg.run(*bt.run_args(), k_scale=ks, v_scale=vs), None, *bt.ref(causal=True, sm_scale=ks / 8, v_scale=vs))
 
 
 @gpu
@@ -475,8 +631,6 @@ def test_output_checks(kind):
                          ids=["causal", "window-softcap", "alibi", "rope", "full"])
 def test_batch_equals_single(kind, extra):
     """Each request of a batch against single_prefill_with_kv_cache on its own keys."""
-    if kind == "paged" and extra.get("pos_encoding_mode") == "ROPE_LLAMA":
-        pytest.skip("paged RoPE is not implemented")
     qo_lens, kv_lens = [127, 37, 17, 0, 64], [512, 97, 54, 9, 0]
     bt = Batch(kind, qo_lens, kv_lens, 28, 4, 128, 128, H, "NHD", 16)
     kw = {"causal": True, **extra}
@@ -795,7 +949,7 @@ def test_plan_checks_paged():
     with pytest.raises(NotImplementedError, match="multi-item"):
         w.plan(*bt.plan_args(), token_pos_in_items_len=4)
     with pytest.raises(NotImplementedError, match="kv_data_type"):
-        w.plan(*bt.plan_args(), kv_data_type=torch.float8_e4m3fn)
+        w.plan(*bt.plan_args(), kv_data_type=torch.bfloat16)  # (q float16)
     with pytest.raises(KeyError):
         w.plan(*bt.plan_args(), pos_encoding_mode="ROPE")
     with pytest.raises(ValueError, match="custom_mask must hold"):
@@ -1131,6 +1285,8 @@ class KernelEmulator:
         mask, mask_indptr, qo_indptr, kv_indptr = (_from_dl(x) for x in (mask, mask_indptr, qo_indptr, kv_indptr))
         page_indices, last_page_len, items = (_from_dl(x) for x in (page_indices, last_page_len, items))
         self.calls += 1
+        self.last = SimpleNamespace(paged=page_indices is not None, k_dtype=k.dtype, k_shape=tuple(k.shape),
+                                    kv_layout=kv_layout, sm_scale=sm_scale, v_scale=v_scale)
         assert m_tiles in (1, 2) and items.dtype == torch.int32 and items.numel() >= 2 * num_items
         assert qo_indptr.dtype == kv_indptr.dtype == torch.int32
         hq, hkv = q.shape[1], (k.shape[2 if kv_layout == 0 else 1] if page_indices is not None else
@@ -1415,3 +1571,130 @@ def test_emulated_fixed_split_uses_one_m_tile(emulated):
     assert w._m_tiles == 1
     bt.plan(w, disable_split_kv=True)
     assert w._m_tiles == 1
+
+
+# --- fp8 K / V and paged RoPE: the gather / cast / rotate host paths --------------------------------
+
+def _cat_rows(x, n, layout):
+    """x (any dtype, fp8 included) with n random extra token rows (not planned)."""
+    dim = 0 if layout == "NHD" else 1
+    shape = list(x.shape)
+    shape[dim] = n
+    pad = torch.randn(shape).to(x.dtype)
+    return torch.cat([x.view(torch.uint8), pad.view(torch.uint8)], dim).view(x.dtype)
+
+
+EMU_PAGED_FP8 = [("float8_e4m3fn", H, "NHD", 5, "tuple4", True), ("float8_e5m2", B, "HND", 16, "5d", False),
+                 ("float8_e4m3fn", B, "HND", 1, "tuple3", True), ("float8_e5m2", H, "NHD", 1, "4d", False),
+                 ("float8_e5m2", H, "HND", 5, "tuple4", True)]
+
+
+@pytest.mark.parametrize("fp8,dtype,layout,ps,form,causal", EMU_PAGED_FP8)
+def test_emulated_paged_fp8(emulated, fp8, dtype, layout, ps, form, causal):
+    """An fp8 paged cache: the plan's tokens gathered out of the pages (every layout / form /
+    page size), cast to q's dtype, the ragged kernel launched over the token offsets; q_scale /
+    k_scale multiply sm_scale, v_scale o (not the LSE)."""
+    qo_lens, kv_lens = LENS[12]
+    bt = Batch("paged", qo_lens, kv_lens, 8, 2, 64, 64, dtype, layout, ps, form, dev=CPU)
+    ks, vs = bt.quantize(getattr(torch, fp8))
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, causal=causal, kv_data_type=getattr(torch, fp8))
+    o, lse = w.run(*bt.run_args(), q_scale=0.5, k_scale=ks, v_scale=vs, return_lse=True)
+    k = emulated.last
+    assert not k.paged and k.k_dtype == dtype and k.k_shape == (sum(kv_lens), 2, 64) and k.kv_layout == 0
+    assert math.isclose(k.sm_scale, 0.5 * ks / 8, rel_tol=1e-12) and k.v_scale == vs
+    check(o, lse, *bt.ref(causal=causal, sm_scale=0.5 * ks / 8, v_scale=vs))
+    with pytest.raises(AssertionError):  # the comparison's sanity: without the scales it fails
+        check(o, lse, *bt.ref(causal=causal))
+    # the page table engines read is the plan's (the gather's index lives elsewhere)
+    assert w._paged_kv_indptr_buf.tolist() == bt.table.indptr.tolist()
+    assert w._paged_kv_indices_buf.tolist() == bt.table.indices.tolist()
+    assert w._gather[2].tolist() == indptr_of(kv_lens)
+
+
+@pytest.mark.parametrize("fp8,layout", [("float8_e4m3fn", "NHD"), ("float8_e5m2", "HND")])
+def test_emulated_ragged_fp8(emulated, fp8, layout):
+    """Ragged fp8 K / V: the planned rows cast to q's dtype (rows past kv_indptr[-1] neither cast
+    nor read), the scales applied; 16-bit K / V ignore them (FlashInfer 0.7.2)."""
+    qo_lens, kv_lens = LENS[12]
+    bt = Batch("ragged", qo_lens, kv_lens, 8, 2, 64, 64, H, layout, dev=CPU)
+    ks, vs = bt.quantize(getattr(torch, fp8))
+    bt.k, bt.v = _cat_rows(bt.k, 5, layout), _cat_rows(bt.v, 5, layout)
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, causal=True, kv_data_type=fp8)
+    o, lse = w.run(*bt.run_args(), q_scale=2.0, k_scale=ks, v_scale=vs, return_lse=True)
+    n = sum(kv_lens)
+    assert emulated.last.k_dtype == H and emulated.last.k_shape == ((n, 2, 64) if layout == "NHD" else (2, n, 64))
+    check(o, lse, *bt.ref(causal=True, sm_scale=2.0 * ks / 8, v_scale=vs))
+    b16 = Batch("ragged", qo_lens, kv_lens, 8, 2, 64, 64, H, layout, dev=CPU)
+    b16.plan(w, causal=True)
+    assert torch.equal(w.run(*b16.run_args(), q_scale=2.0, k_scale=3.0, v_scale=0.5), w.run(*b16.run_args()))
+
+
+@pytest.mark.parametrize("layout,ps,form,dtype,scale,theta,causal", PAGED_ROPE_CASES)
+def test_emulated_paged_rope(emulated, layout, ps, form, dtype, scale, theta, causal):
+    """Paged ROPE_LLAMA: the gathered keys and q rotated (positions as in the ragged wrapper);
+    the cache is not modified."""
+    qo_lens, kv_lens = LENS[12]
+    bt = Batch("paged", qo_lens, kv_lens, 4, 2, 64, 64, dtype, layout, ps, form, dev=CPU)
+    k0 = bt.k4.clone()
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, causal=causal, pos_encoding_mode="ROPE_LLAMA", rope_scale=scale, rope_theta=theta)
+    o, lse = w.run(*bt.run_args(), return_lse=True)
+    assert not emulated.last.paged and torch.equal(bt.k4, k0)
+    check(o, lse, *bt.ref(causal=causal, rope=True, rope_scale=scale or 1.0, rope_theta=theta or 1e4))
+    with pytest.raises(AssertionError):
+        check(o, lse, *bt.ref(causal=causal))
+
+
+def test_emulated_paged_fp8_rope_and_seq_lens(emulated):
+    """fp8 + RoPE (cast, then rotate), with seq_lens cutting the requests' keys short."""
+    qo_lens, kv_lens = [17, 37, 5, 3], [97, 54, 40, 16]
+    bt = Batch("paged", qo_lens, kv_lens, 8, 2, 64, 64, B, "HND", 5, dev=CPU)
+    ks, vs = bt.quantize(torch.float8_e4m3fn)
+    seq = [80, 54, 3, 0]
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, causal=True, seq_lens=seq, kv_data_type=torch.float8_e4m3fn, pos_encoding_mode="ROPE_LLAMA")
+    o, lse = w.run(*bt.run_args(), k_scale=ks, v_scale=vs, return_lse=True)
+    bt.kv = [(k[:n], v[:n]) for (k, v), n in zip(bt.kv, seq)]
+    check(o, lse, *bt.ref(causal=True, rope=True, sm_scale=ks / 8, v_scale=vs))
+
+
+def test_emulated_paged_forward_rope_and_replan(emulated):
+    """forward() switches a 16-bit NONE plan (the paged kernel, no gather) to ROPE_LLAMA (the
+    gather path, index built then); a new plan starts without a gather."""
+    bt = Batch("paged", *LENS[3], 4, 2, 64, 64, H, "NHD", 5, dev=CPU)
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, causal=True)
+    assert w._gather is None
+    o = w.run(*bt.run_args())
+    assert emulated.last.paged
+    o_r, lse_r = w.forward_return_lse(*bt.run_args(), causal=True, pos_encoding_mode="ROPE_LLAMA")
+    assert not emulated.last.paged
+    check(o_r, lse_r, *bt.ref(causal=True, rope=True))
+    assert torch.equal(w.forward(*bt.run_args(), causal=True), o)
+    b2 = Batch("paged", *LENS[12], 4, 2, 64, 64, H, "NHD", 5, dev=CPU)
+    b2.plan(w, causal=True)
+    assert w._gather is None
+    check(w.run(*b2.run_args()), None, *b2.ref(causal=True))
+
+
+def test_emulated_fp8_with_no_keys(emulated):
+    """An fp8 plan whose requests have no key: empty gathers, o = 0, lse = -inf."""
+    bt = Batch("paged", [3, 2], [0, 0], 4, 2, 64, 64, H, "NHD", 16, dev=CPU)
+    bt.quantize(torch.float8_e5m2)
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, kv_data_type=torch.float8_e5m2, pos_encoding_mode="ROPE_LLAMA")
+    o, lse = w.run(*bt.run_args(), return_lse=True)
+    assert torch.equal(o, torch.zeros_like(o)) and bool(torch.isinf(lse).all())
+
+
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+def test_emulated_fp8_and_rope_checks(emulated, kind):
+    _fp8_and_rope_checks(kind, CPU)
+
+
+def test_emulated_head_dim_message(emulated):
+    w = Paged(_cpu_ws())
+    with pytest.raises(ValueError, match=r"\(256, 256\), \(512, 512\) or \(192, 128\); got \(512, 256\)"):
+        w.plan([0, 1], [0, 1], [0], [1], 8, 2, 512, 16, 256)

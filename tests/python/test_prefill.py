@@ -1,7 +1,7 @@
 """single_prefill_with_kv_cache: GPU results against the float64 reference (reference_prefill.py)
 over lengths, head dims, GQA groups, dtypes, layouts, causal (also qo_len > kv_len), sliding
-window, soft cap, ALiBi, custom / packed masks, RoPE, k_scale / v_scale, LSE, strided views,
-o_dtype, CuPy and empty queries; and, without a GPU, the argument checks, the module surface
+window, soft cap, ALiBi, custom / packed masks, RoPE, k_scale / v_scale, fp8 K / V, LSE, strided
+views, o_dtype, CuPy and empty queries; and, without a GPU, the argument checks, the module surface
 and the reference itself (against a loop over the spec's definition and against SDPA), including
 proof that the comparison fails the bugs a prefill kernel typically has.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,6 +65,8 @@ CASES = [
     (300, 511, 16, 16, 192, 128, B, "NHD", True),
     (300, 1000, 28, 4, 128, 128, B, "NHD", True),  # group 7, many tiles
     (300, 1000, 4, 1, 64, 64, H, "HND", False),
+    (37, 300, 8, 2, 512, 512, B, "NHD", True),  # head_dim 512
+    (1, 64, 4, 4, 512, 512, H, "HND", False),
 ]
 
 
@@ -245,6 +248,30 @@ def test_rope(qo_len, kv_len, causal, layout, dtype, scale, theta):
     assert torch.equal(q, q0) and torch.equal(k, k0), "RoPE must not modify the inputs"
     check(o, lse, *prefill_ref(q, kr, vr, causal=causal, rope=True, rope_scale=scale or 1.0,
                                rope_theta=theta or 1e4, rope_dtype=dtype))
+
+
+# (fp8 dtype, q dtype, layout, causal, qo_len, kv_len, rope)
+FP8_CASES = [("float8_e4m3fn", H, "NHD", True, 127, 511, False), ("float8_e5m2", B, "HND", False, 64, 1000, False),
+             ("float8_e4m3fn", B, "HND", True, 300, 64, False), ("float8_e5m2", H, "NHD", True, 37, 300, True)]
+
+
+@gpu
+@pytest.mark.parametrize("fp8,dtype,layout,causal,qo_len,kv_len,rope", FP8_CASES)
+def test_fp8_kv(fp8, dtype, layout, causal, qo_len, kv_len, rope):
+    """fp8 K / V (spec 8.3): the stored values dequantized by a plain cast, k_scale (amax / 256, as
+    in FlashInfer's tests) multiplying sm_scale, v_scale o (not the LSE); with RoPE: cast, then
+    rotate."""
+    q, k, v, _, _ = make_qkv(qo_len, kv_len, 16, 4, 128, 128, dtype, layout)
+    ks, vs = k.abs().amax().item() / 256, v.abs().amax().item() / 256
+    f8 = getattr(torch, fp8)
+    k8, v8 = (k.float() / ks).to(f8), (v.float() / vs).to(f8)
+    kr, vr = (x.to(dtype) if layout == "NHD" else x.to(dtype).transpose(0, 1) for x in (k8, v8))
+    pos = "ROPE_LLAMA" if rope else "NONE"
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k8, v8, causal=causal, kv_layout=layout, k_scale=ks,
+                                                     v_scale=vs, pos_encoding_mode=pos, return_lse=True)
+    assert o.dtype == dtype
+    check(o, lse, *prefill_ref(q, kr, vr, causal=causal, sm_scale=ks / math.sqrt(128), v_scale=vs, rope=rope,
+                               rope_dtype=dtype if rope else None))
 
 
 @gpu
@@ -469,12 +496,13 @@ def test_q_dtype(bad):
         flashinfer.single_prefill_with_kv_cache(q.to(bad), k, v)
 
 
-@pytest.mark.parametrize("arg", ["k", "v"])
-def test_kv_dtype_must_equal_q(arg):
+@pytest.mark.parametrize("arg,want", [("k", "bfloat16 \\(q's dtype\\), float8_e4m3fn or float8_e5m2"),
+                                      ("v", "bfloat16 \\(q's dtype\\)")])
+def test_kv_dtype_must_equal_q(arg, want):
     q, k, v = cpu_qkv(dtype=B)
     args = dict(q=q, k=k, v=v)
     args[arg] = args[arg].to(H)
-    with pytest.raises(ValueError, match=f"^{OP}: {arg}.dtype must be bfloat16 \\(q's dtype\\); got float16$"):
+    with pytest.raises(ValueError, match=f"^{OP}: {arg}.dtype must be {want}; got float16$"):
         flashinfer.single_prefill_with_kv_cache(**args)
 
 
@@ -495,7 +523,7 @@ def test_head_counts(hq, hkv, layout):
         flashinfer.single_prefill_with_kv_cache(q, k, v, kv_layout=layout)
 
 
-@pytest.mark.parametrize("dqk,dvo", [(96, 96), (512, 512), (128, 64), (192, 192), (32, 32)])
+@pytest.mark.parametrize("dqk,dvo", [(96, 96), (576, 512), (128, 64), (192, 192), (32, 32)])
 def test_unsupported_head_dims(dqk, dvo):
     """The binding names head_dim (before the device check, so CPU tensors reach it)."""
     q, k, v = cpu_qkv(dqk=dqk, dvo=dvo)
@@ -524,16 +552,48 @@ def test_unsupported_backend(backend):
         flashinfer.single_prefill_with_kv_cache(q, k, v, backend=backend)
 
 
-@pytest.mark.parametrize("what", ["q", "k", "v", "kv"])
 @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
-def test_fp8_is_not_implemented(what, fp8):
+def test_fp8_q_is_not_implemented_and_kv_must_match(fp8):
+    """fp8 q: NotImplementedError; fp8 k / v: both of one fp8 dtype (else ValueError naming the
+    argument)."""
     q, k, v = cpu_qkv()
     f8 = getattr(torch, fp8)
-    args = dict(q=q, k=k, v=v)
-    for name in ("k", "v") if what == "kv" else (what,):
-        args[name] = args[name].to(f8)
-    with pytest.raises(NotImplementedError, match="fp8"):
-        flashinfer.single_prefill_with_kv_cache(**args)
+    with pytest.raises(NotImplementedError, match="fp8 q"):
+        flashinfer.single_prefill_with_kv_cache(q.to(f8), k, v)
+    with pytest.raises(ValueError, match=f"^{OP}: v.dtype must be {fp8} \\(k's dtype\\); got float16$"):
+        flashinfer.single_prefill_with_kv_cache(q, k.to(f8), v)
+    with pytest.raises(ValueError, match=f"^{OP}: v.dtype must be float16 \\(q's dtype\\); got {fp8}$"):
+        flashinfer.single_prefill_with_kv_cache(q, k, v.to(f8))
+    with pytest.raises(ValueError, match=f"^{OP}: k.dtype must be float16 \\(q's dtype\\), float8_e4m3fn or "
+                                         "float8_e5m2; got bfloat16$"):
+        flashinfer.single_prefill_with_kv_cache(q, k.to(B), v.to(B))
+
+
+@pytest.mark.parametrize("fp8,layout,pos", [("float8_e4m3fn", "NHD", "NONE"), ("float8_e5m2", "HND", "ROPE_LLAMA")])
+def test_fp8_kv_reaches_the_kernel_as_exact_casts(monkeypatch, fp8, layout, pos):
+    """fp8 k / v are cast to q's dtype (exactly) before the 16-bit kernel (the binding replaced by
+    a recorder); k_scale multiplies sm_scale and v_scale is the output factor."""
+    import flashinfer.prefill as fprefill
+    import flashinfer.rope as frope
+
+    seen = {}
+
+    def single_prefill(q, k, v, out, lse, mask, kv_layout, causal, window_left, sm_scale, soft_cap, alibi, v_scale,
+                       stream, pdl):
+        seen.update(k=torch.from_dlpack(k), v=torch.from_dlpack(v), sm_scale=sm_scale, v_scale=v_scale)
+
+    def rope(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4):
+        return q.clone(), k.clone()  # (positions and rotation are test_rope's on the GPU)
+
+    monkeypatch.setattr(fprefill, "_prefill", SimpleNamespace(single_prefill=single_prefill))
+    monkeypatch.setattr(frope, "apply_rope_pos_ids", rope)
+    q, k, v = cpu_qkv(dtype=B, layout=layout)
+    f8 = getattr(torch, fp8)
+    k8, v8 = k.to(f8), v.to(f8)
+    fprefill._single_prefill(q, k8, v8, kv_layout=layout, pos_encoding_mode=pos, k_scale=0.25, v_scale=3.0)
+    assert seen["k"].dtype == B and torch.equal(seen["k"], k8.to(B)) and torch.equal(seen["v"], v8.to(B))
+    assert seen["k"].float().equal(k8.float())  # the cast is exact
+    assert math.isclose(seen["sm_scale"], 0.25 / math.sqrt(128)) and seen["v_scale"] == 3.0
 
 
 @pytest.mark.parametrize("arg", ["scale_q", "scale_k", "scale_v", "kv_cache_sf"])

@@ -56,14 +56,15 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
 }
 
 // The same for a paged cache: row r is entry tab[r].y of page tab[r].x (page -1: a zero row).
-// Chunks from kSplit on come from a second cache (base2, its own strides; MLA's kpe).
-template <int kRowBytes, int kKeys, int kSplit = kRowBytes / 16, typename T>
+// Chunks from kSplit on come from a second cache (base2, its own strides; MLA's kpe). kThreads:
+// the CTA's threads.
+template <int kRowBytes, int kKeys, int kSplit = kRowBytes / 16, int kThreads = kPrefillThreads, typename T>
 FLASHINFER_DEVICE void prefill_load_paged_rows(char* dst, const T* base, int64_t stride_page, int64_t stride_n,
                                                const int2* tab, const T* base2 = nullptr, int64_t stride2_page = 0,
                                                int64_t stride2_n = 0) {
   constexpr int kChunks = kRowBytes / 16;
   FLASHINFER_UNROLL
-  for (int i = threadIdx.x; i < kKeys * kChunks; i += kPrefillThreads) {
+  for (int i = threadIdx.x; i < kKeys * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const int2 e = tab[r];
     const bool ok = e.x >= 0;
@@ -98,9 +99,11 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 // with ragged or paged keys.
 // kVO: which V / O columns (prefill.h); kDVO is the CTA's column count (one part of
 // p.head_dim_vo for kParts and kMla, blockIdx.z the part).
+// MLA CTAs have two warp groups (prefill_threads): the same rows, V / O columns side by side;
+// both compute the rows' scores, and the K tile they share is loaded once.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
           PrefillVO kVO = PrefillVO::kWhole>
-__global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams<T> p) {
+__global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
@@ -108,6 +111,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
   constexpr int kRowV = kMla ? kRowQK : kRowVO;
+  constexpr int kThreads = prefill_threads(kVO), kVoGroups = kThreads / kPrefillThreads;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kNT = kKeys / 8;                    // 8-key score tiles
@@ -116,11 +120,13 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   char* sQ = reinterpret_cast<char*>(prefill_smem);
   char* sK = sQ + kRows * kRowQK;
   char* sV = sK + 2 * kKeys * kRowQK;
-  // This CTA's V / O columns: [part * kDVO, part * kDVO + kDVO); V's first 16-byte chunk in its tile.
-  const int part = kVO == PrefillVO::kWhole ? 0 : static_cast<int>(blockIdx.z);
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int warp = kVoGroups > 1 ? (tid >> 5) % kPrefillWarps : tid >> 5;  // (of the rows)
+  // This warp's V / O columns: [part * kDVO, part * kDVO + kDVO); V's first 16-byte chunk in its tile.
+  const int part = kVO == PrefillVO::kWhole
+                       ? 0
+                       : static_cast<int>(blockIdx.z) * kVoGroups + (kVoGroups > 1 ? (tid >> 5) / kPrefillWarps : 0);
   const int v_chunk0 = kMla ? part * (kDVO / 8) : 0;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int grp = lane >> 2, tig = lane & 3;
   const int group = p.num_qo_heads / p.num_kv_heads, kv_head = blockIdx.y;
   pdl_wait();  // (the batch's index arrays may come from the previous kernel)
@@ -158,7 +164,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   const float cap_log2 = p.soft_cap * detail::kLog2e;
 
   // Q tile: packed row r = token * group + (q head - kv_head * group); rows past the end are zero.
-  for (int i = tid; i < kRows * kChunksQK; i += kPrefillThreads) {
+  for (int i = tid; i < kRows * kChunksQK; i += kThreads) {
     const int r = i / kChunksQK, c = i % kChunksQK;
     const int64_t pr = pr0 + r;
     const bool ok = pr < rows;
@@ -191,7 +197,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
   auto load_kv = [&](int stage, int64_t kv0) {
     if constexpr (kMla) {  // [ckv || kpe] rows; V is the K tile
-      detail::prefill_load_paged_rows<kRowQK, kKeys, kMlaHeadDimCkv / 8>(sK + stage * kKeys * kRowQK, p.k,
+      detail::prefill_load_paged_rows<kRowQK, kKeys, kMlaHeadDimCkv / 8, kThreads>(sK + stage * kKeys * kRowQK, p.k,
                                                                         p.k_stride_page, p.k_stride_n, page_tab[stage],
                                                                         p.k_rope, p.kr_stride_page, p.kr_stride_n);
     } else if constexpr (kPaged) {
@@ -457,12 +463,12 @@ template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO 
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
   constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO>;
   constexpr bool kMla = kVO == PrefillVO::kMla;
-  const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO;
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, kDVO * parts, kMT, 2, kMla));
+  const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
+  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
-                dim3(kPrefillThreads), smem, stream, p.pdl, p);
+                dim3(prefill_threads(kVO)), smem, stream, p.pdl, p);
 }
 template <typename T, PrefillMode kMode>
 cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {

@@ -59,6 +59,10 @@ enum class PrefillMode { kSingle, kRagged, kPaged };
 // itself, in parts of kPrefillVoPart columns as for kParts.
 enum class PrefillVO { kWhole, kParts, kMla };
 constexpr int kPrefillVoPart = 128;
+// Threads of a CTA: MLA's have two warp groups over the same rows (V / O columns side by side).
+FLASHINFER_HOST_DEVICE constexpr int prefill_threads(PrefillVO vo) {
+  return vo == PrefillVO::kMla ? 2 * kPrefillThreads : kPrefillThreads;
+}
 constexpr int kMlaHeadDimCkv = 512;
 FLASHINFER_HOST_DEVICE constexpr int prefill_vo_parts(int head_dim_vo) {
   return head_dim_vo > 256 ? head_dim_vo / kPrefillVoPart : 1;
@@ -112,11 +116,11 @@ FLASHINFER_HOST_DEVICE constexpr bool prefill_head_dims_supported(int head_dim_q
           (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256 || head_dim_qk == 512)) ||
          (head_dim_qk == 192 && head_dim_vo == 128);
 }
-// MLA's V / O columns per CTA: 128 (four parts) while those CTAs fit one wave on the SMs, else
-// 256 (two parts: each part recomputes the 576-wide scores, so fewer parts do 1.7x less MMA
-// work, but a CTA takes ~1.2x longer).
+// MLA's V / O columns per warp: 128 (two CTAs of two warp groups per work item) while those CTAs
+// fit one wave on the SMs, else 256 (one CTA: every warp recomputes its rows' 576-wide scores, so
+// fewer column groups do less MMA work in all, but a CTA takes longer).
 FLASHINFER_HOST_DEVICE constexpr int mla_vo_cols(int64_t num_items, int num_sms) {
-  return num_items * (kMlaHeadDimCkv / kPrefillVoPart) > num_sms ? 2 * kPrefillVoPart : kPrefillVoPart;
+  return num_items * (kMlaHeadDimCkv / (2 * kPrefillVoPart)) > num_sms ? 2 * kPrefillVoPart : kPrefillVoPart;
 }
 // MLA: [ckv || kpe] keys with head_dim_kpe 64 or 0.
 FLASHINFER_HOST_DEVICE constexpr bool mla_head_dims_supported(int head_dim_qk, int head_dim_vo) {

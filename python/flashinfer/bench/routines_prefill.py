@@ -3,7 +3,11 @@
 query tokens over ``--kv-len`` keys each, in a paged cache of ``--page-size`` (16) pages in random
 order, or with ``--ragged`` BatchPrefillWithRaggedKVCacheWrapper over the same keys stored
 contiguously; plan once, time ``run``), e.g. ``--routine batch_prefill --batch-size 4 --qo-len 1024
---kv-len 1024 --causal``. batch_prefill is registered but not in the default suite.
+--kv-len 1024 --causal``. batch_prefill is registered but not in the default suite. Its
+``--kv-dtype`` (the flag the decode routines define: ``same`` = ``--dtype``, bfloat16 by
+default, or ``float8_e4m3fn`` / ``float8_e5m2``) stores the cache (or ragged K / V) in fp8; the
+SDPA reference then runs on the dequantized values in q's dtype. Bytes = K and V read (their
+element size: 1 for fp8) + q read + o written, each once.
 
 FLOPs = 2 * (head_dim_qk + head_dim_vo) * num_qo_heads * (visible query-key pairs): QK^T and PV,
 a multiply-add counting 2; without a mask every pair is visible (4 * qo_len * kv_len * H * D
@@ -26,6 +30,7 @@ import argparse
 import flashinfer
 
 from .routines import Case, _dtype, register
+from .routines_decode import _kv
 
 
 def _add_args(p: argparse.ArgumentParser) -> None:
@@ -45,6 +50,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     add("--kv-layout", default="NHD", choices=["NHD", "HND"])
     add("--pos-encoding-mode", choices=["NONE", "ROPE_LLAMA", "ALIBI"], default="NONE")
     add("--ragged", action="store_true", help="batch_prefill: contiguous (ragged) K/V instead of a paged cache")
+    add("--kv-dtype", choices=["same", "float8_e4m3fn", "float8_e5m2"], default="same",
+        help="KV cache element type (same: the --dtype)")
     add("--block-r", type=int, default=64, help="block_sparse: rows per block (R); M = --qo-len, N = --kv-len")
     add("--block-c", type=int, default=64, help="block_sparse: keys per block (C)")
     add("--density", type=float, default=0.25, help="block_sparse: fraction of the blocks kept (random)")
@@ -113,8 +120,9 @@ def batch_prefill(torch, args) -> Case:
     total = b * pages_per
     hnd = layout == "HND"
     shape = (lambda dd: (total, hkv, ps, dd)) if hnd else (lambda dd: (total, ps, hkv, dd))
-    k_cache = torch.randn(shape(d), dtype=dt, device="cuda")
-    v_cache = torch.randn(shape(dvo), dtype=dt, device="cuda")
+    (k_cache, kvtag), (v_cache, _) = (_kv(torch, args, torch.randn(shape(dd), dtype=dt, device="cuda"))
+                                      for dd in (d, dvo))
+    kv_dt = k_cache.dtype
     indices = torch.randperm(total, device="cuda").int()
     kv_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * pages_per
     last = torch.full((b,), kv - (pages_per - 1) * ps, dtype=torch.int32, device="cuda")
@@ -123,30 +131,32 @@ def batch_prefill(torch, args) -> Case:
     out = torch.empty(b * qo, hq, dvo, dtype=dt, device="cuda")
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout)
-    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, ps, head_dim_vo=dvo, causal=causal, q_data_type=dt)
+    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, ps, head_dim_vo=dvo, causal=causal, q_data_type=dt,
+           kv_data_type=kv_dt)
     cache = (k_cache, v_cache)
     run, run_out = (lambda: w.run(q, cache)), (lambda: w.run(q, cache, out=out))
-    # reference inputs [B, H, L, D], contiguous: K / V gathered from the pages
+    # reference inputs [B, H, L, D], contiguous, q's dtype: K / V gathered from the pages
     def gather(c):
-        pages = c[indices.long().view(b, pages_per)]  # [B, pages, ps, H, D] or [B, pages, H, ps, D]
+        pages = c.to(dt)[indices.long().view(b, pages_per)]  # [B, pages, ps, H, D] or [B, pages, H, ps, D]
         if hnd:
             pages = pages.transpose(2, 3)
         return pages.reshape(b, pages_per * ps, hkv, -1)[:, :kv].transpose(1, 2).contiguous()
 
     qs, ks, vs = q.view(b, qo, hq, d).transpose(1, 2).contiguous(), gather(k_cache), gather(v_cache)
     if args.ragged:  # the same keys, contiguous per request: [B * kv, H, D]
-        kr, vr = (x.transpose(1, 2).reshape(b * kv, hkv, -1).contiguous() for x in (ks, vs))
+        kr, vr = (x.transpose(1, 2).reshape(b * kv, hkv, -1).contiguous().to(kv_dt) for x in (ks, vs))
         kv_rows = torch.arange(b + 1, dtype=torch.int32, device="cuda") * kv
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
-        w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt)
+        w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt, kv_data_type=kv_dt)
         run, run_out = (lambda: w.run(q, kr, vr)), (lambda: w.run(q, kr, vr, out=out))
     ref = _sdpa_ref(torch, qs, ks, vs, qo, kv, causal)
 
     flops = b * 2 * (d + dvo) * hq * visible_pairs(qo, kv, causal)
-    tag = (" causal" if causal else "") + (" ragged" if args.ragged else (" HND" if hnd else "") + f" ps{ps}")
+    nbytes = b * kv * hkv * (d + dvo) * k_cache.element_size() + b * qo * hq * (d + dvo) * q.element_size()
+    tag = (" causal" if causal else "") + (" ragged" if args.ragged else (" HND" if hnd else "") + f" ps{ps}") + kvtag
     dims = f"{d}" if dvo == d else f"{d}/{dvo}"
-    return Case("batch_prefill", f"{b}x{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, run, run_out, ref, "SDPA enable_gqa", flops=flops,
-                extra={"m_tiles": w._m_tiles, "work_items": w._num_items})
+    return Case("batch_prefill", f"{b}x{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, run, run_out, ref,
+                "SDPA enable_gqa", bytes=nbytes, flops=flops, extra={"m_tiles": w._m_tiles, "work_items": w._num_items})
 
 
 def block_sparse(torch, args) -> Case:

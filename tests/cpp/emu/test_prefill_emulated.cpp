@@ -661,7 +661,8 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
 // the ckv cache [pages, PS, 512] and the kpe cache [pages, PS, dkpe] (its own page stride, one
 // spare entry per page), K = [ckv || kpe], V = ckv; last_page_len = kv_len - (pages - 1) * PS,
 // with a request given one page more than it needs where `extra` (last_page_len <= 0: the
-// spare page is never read); entries no request reads are NaN; grid (items, 1, 4).
+// spare page is never read); entries no request reads are NaN; grid (items, 1, 512 / (2 vo_cols)),
+// 256 threads.
 template <typename T>
 void run_mla(int H, int dkpe, const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens, int PS,
              bool causal, bool extra, bool want_lse, int vo_cols, uint64_t seed) {
@@ -716,9 +717,10 @@ void run_mla(int H, int dkpe, const std::vector<int64_t>& qo_lens, const std::ve
     return;
   }
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  const dim3 grid(static_cast<unsigned>(p.num_items), 1, static_cast<unsigned>(DC / vo_cols));
+  const int threads = prefill_threads(PrefillVO::kMla);  // (two warp groups of V / O columns)
+  const dim3 grid(static_cast<unsigned>(p.num_items), 1, static_cast<unsigned>(DC / vo_cols / (threads / kPrefillThreads)));
   if (p.num_items > 0)
-    launch_2d(mla_kernel<T>(DQ, DC, vo_cols), grid, kPrefillThreads, static_cast<size_t>(prefill_smem_bytes(DQ, DC, 1, 2, true)), p);
+    launch_2d(mla_kernel<T>(DQ, DC, vo_cols), grid, unsigned(threads), static_cast<size_t>(prefill_smem_bytes(DQ, DC, 1, 2, true)), p);
   Result r;
   std::vector<double> vs;
   for (int b = 0; b < B; ++b)

@@ -93,7 +93,8 @@ void test_grid_and_smem() {
   CHECK(prefill_max_m_tiles(256, 256) == 1 && prefill_max_m_tiles(192, 128) == 1);
   CHECK(prefill_max_m_tiles(512, 512) == 1 && prefill_max_m_tiles(576, 512) == 1);
   // MLA: 128-column parts while they fit one wave of CTAs, 256 beyond
-  CHECK(mla_vo_cols(1, 132) == 128 && mla_vo_cols(33, 132) == 128 && mla_vo_cols(34, 132) == 256);
+  CHECK(mla_vo_cols(1, 132) == 128 && mla_vo_cols(66, 132) == 128 && mla_vo_cols(67, 132) == 256);
+  CHECK(prefill_threads(PrefillVO::kMla) == 2 * kPrefillThreads && prefill_threads(PrefillVO::kParts) == kPrefillThreads);
   CHECK(prefill_m_tiles(4096, 32, 8, 128, 128, 132) == 2);   // 1024 CTAs
   CHECK(prefill_m_tiles(1024, 32, 8, 128, 128, 132) == 1);   // 256 < 264
   CHECK(prefill_m_tiles(1056, 32, 8, 128, 128, 132) == 2);   // 33 x 8 = 264
