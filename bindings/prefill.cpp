@@ -4,6 +4,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -288,12 +289,38 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   });
 }
 
+// MLA's work items (mla_plan_items) and key chunks per request: `chunks` when > 0 (CUDA graphs
+// keep the first plan's), else mla_num_chunks of the batch, with chunks < 0 as if every request
+// had many keys (a CUDA graph's first plan: its lengths say nothing of the replays').
+std::pair<std::vector<int32_t>, int> mla_plan(const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens,
+                                              int64_t num_heads, int num_sms, int chunks) {
+  const char* op = "BatchMLAPagedAttentionWrapper.plan";
+  if (qo_lens.size() != kv_lens.size())
+    fb::fail(std::string(op) + ": qo and kv lengths must be given for the same requests");
+  if (num_heads <= 0) fb::fail(std::string(op) + ": num_heads must be > 0");
+  int64_t items = 0, max_kv = 0;
+  for (size_t b = 0; b < qo_lens.size(); ++b) {
+    if (qo_lens[b] < 0 || kv_lens[b] < 0) fb::fail(std::string(op) + ": negative length for request " + std::to_string(b));
+    items += (qo_lens[b] * num_heads + flashinfer::attention::prefill_rows(1) - 1) / flashinfer::attention::prefill_rows(1);
+    max_kv = std::max(max_kv, kv_lens[b]);
+  }
+  if (chunks > flashinfer::attention::kMlaMaxChunks)
+    fb::fail(std::string(op) + ": at most " + std::to_string(flashinfer::attention::kMlaMaxChunks) + " chunks");
+  if (chunks < 0) max_kv = int64_t{1} << 40;
+  const int c = chunks > 0 ? chunks : flashinfer::attention::mla_num_chunks(items, max_kv, num_sms);
+  return {flashinfer::attention::mla_plan_items(qo_lens, kv_lens, static_cast<int>(num_heads), c), c};
+}
+
 // MLA (flashinfer.mla): q [total_q, H, 512 + dkpe] (q_nope || q_pe), the ckv cache [pages,
 // page_size, 512] and the kpe cache [pages, page_size, dkpe] (None when dkpe is 0) as one paged
-// KV head whose V is ckv; last_page_len[b] = kv_len[b] - (pages_b - 1) * page_size.
+// KV head whose V is ckv; last_page_len[b] = kv_len[b] - (pages_b - 1) * page_size. Split-KV
+// (num_chunks > 1, items of mla_plan): the partial states go to o_part (q's dtype, >=
+// total_q * num_chunks * H * 512 elements) and lse_part (float32, >= total_q * (num_chunks + 1) *
+// H: the last total_q * H hold the merged lse when `lse` is None), then merge into out / lse.
 void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor out, std::optional<MutTensor> lse,
              MutTensor qo_indptr, MutTensor kv_indptr, MutTensor page_indices, MutTensor last_page_len, MutTensor items,
-             int64_t num_items, int page_size, bool causal, double sm_scale, uintptr_t stream, bool enable_pdl) {
+             int64_t num_items, int num_chunks, std::optional<MutTensor> o_part, std::optional<MutTensor> lse_part,
+             int page_size, bool causal, double sm_scale, uintptr_t stream, bool enable_pdl) {
   const fb::Checker c{"BatchMLAPagedAttentionWrapper.run"};
   constexpr int64_t kDckv = flashinfer::attention::kMlaHeadDimCkv;
   c.ndim_in(q, "q", {3}, "3-D [total_q, num_heads, head_dim_ckv + head_dim_kpe]");
@@ -336,6 +363,25 @@ void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor
     fb::fail(std::string(c.op) + ": the plan's work items do not fit its buffer (re-plan)");
   if (total_q * hq > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows)
     fb::fail(std::string(c.op) + ": total_q * num_heads must be < 2^31");
+  const bool split = num_chunks > 1;
+  if (num_chunks < 0 || num_chunks > flashinfer::attention::kMlaMaxChunks)
+    fb::fail(std::string(c.op) + ": num_chunks must be in [0, 64]; got " + std::to_string(num_chunks));
+  if (split) {
+    if (!o_part || !lse_part) fb::fail(std::string(c.op) + ": split-KV needs o_part and lse_part");
+    c.dtype_is(*o_part, "o_part", dt);
+    c.dtype_is(*lse_part, "lse_part", fb::DType::kF32);
+    const int64_t o_need = total_q * num_chunks * hq * kDckv, l_need = total_q * (num_chunks + 1) * hq;
+    auto numel = [](const MutTensor& t) {
+      int64_t n = 1;
+      for (size_t i = 0; i < t.ndim(); ++i) n *= static_cast<int64_t>(t.shape(i));
+      return n;
+    };
+    if (numel(*o_part) < o_need || numel(*lse_part) < l_need || !aligned16(o_part->data()) ||
+        (o_part->ndim() > 1 && o_part->stride(o_part->ndim() - 1) != 1))
+      fb::fail(std::string(c.op) + ": the float workspace is too small for this plan's split-KV partial states (" +
+               std::to_string(o_need * 2 + l_need * 4) + " bytes)");
+    c.cuda_device({{&q, "q"}, {&*o_part, "o_part"}, {&*lse_part, "lse_part"}});
+  }
   const int dev = c.cuda_device({{&q, "q"}, {&ckv, "ckv_cache"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
                                  {&kv_indptr, "kv_indptr"}, {&page_indices, "kv_indices"},
                                  {&last_page_len, "last_page_len"}, {&items, "items"}});
@@ -369,7 +415,18 @@ void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor
     p.items = item_ptr, p.num_items = num_items;
     p.page_size = page_size;
     p.num_pages = static_cast<int64_t>(ckv.shape(0));
-    const cudaError_t err = flashinfer::attention::BatchMla(p, fb::as_stream(stream));
+    p.num_chunks = split ? num_chunks : 1;
+    p.lse_stride_n = hq;
+    flashinfer::attention::MlaMergeOut<T> mo{};
+    if (split) {  // partial states [total_q, num_chunks, H, 512] / [total_q, num_chunks, H]
+      mo.o = p.o, mo.o_stride_n = p.o_stride_n, mo.o_stride_h = p.o_stride_h;
+      float* parts = static_cast<float*>(lse_part->data());
+      mo.lse = p.lse ? p.lse : parts + total_q * num_chunks * hq;
+      p.o = static_cast<T*>(o_part->data());
+      p.o_stride_h = kDckv, p.o_stride_c = hq * kDckv, p.o_stride_n = num_chunks * hq * kDckv;
+      p.lse = parts, p.lse_stride_n = num_chunks * hq;
+    }
+    const cudaError_t err = flashinfer::attention::BatchMla(p, total_q, mo, fb::as_stream(stream));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }
@@ -387,8 +444,9 @@ NB_MODULE(_prefill, m) {
         "mask_indptr"_a.none(), "qo_indptr"_a, "kv_indptr"_a, "page_indices"_a.none(), "last_page_len"_a.none(),
         "items"_a, "num_items"_a, "m_tiles"_a, "page_size"_a, "kv_layout"_a, "causal"_a, "window_left"_a, "sm_scale"_a,
         "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
+  m.def("mla_plan", &mla_plan, "qo_lens"_a, "kv_lens"_a, "num_heads"_a, "num_sms"_a, "chunks"_a);
   m.def("mla_run", &mla_run, "q"_a, "ckv"_a, "kpe"_a.none(), "out"_a, "lse"_a.none(), "qo_indptr"_a, "kv_indptr"_a,
-        "page_indices"_a, "last_page_len"_a, "items"_a, "num_items"_a, "page_size"_a, "causal"_a, "sm_scale"_a,
-        "stream"_a, "pdl"_a);
+        "page_indices"_a, "last_page_len"_a, "items"_a, "num_items"_a, "num_chunks"_a, "o_part"_a.none(),
+        "lse_part"_a.none(), "page_size"_a, "causal"_a, "sm_scale"_a, "stream"_a, "pdl"_a);
   m.def("supported_dtypes", &fb::supported_dtypes);
 }

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "flashinfer/attention/mla.h"
 #include "flashinfer/attention/prefill.h"
 
 namespace flashinfer {
@@ -15,6 +16,6 @@ cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream);
 template <typename T>
 cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream);
 template <typename T>
-cudaError_t BatchMla(const PrefillParams<T>& p, cudaStream_t stream);
+cudaError_t BatchMla(const PrefillParams<T>& p, int64_t total_q, const MlaMergeOut<T>& out, cudaStream_t stream);
 }  // namespace attention
 }  // namespace flashinfer

@@ -5,8 +5,8 @@
 ``plan`` does the host work, as the batch prefill wrappers do (it reuses their workspace, staging
 and work-item machinery from flashinfer.prefill): it reads the index arrays on the host (may
 synchronize), checks them, derives each request's last-page length from ``kv_len_arr``, asks
-``_prefill.plan_batch`` for the (request, 64-row tile) work items (packed rows are ``token *
-num_heads + head``) and copies everything to the device. ``run`` checks its tensors against the
+``_prefill.mla_plan`` for the (request, 64-row tile[, key chunk]) work items (packed rows are
+``token * num_heads + head``) and copies everything to the device. ``run`` checks its tensors against the
 plan (no host synchronization), concatenates ``q_nope`` and ``q_pe`` and launches
 ``_prefill.mla_run``, allocating only that concatenation and its outputs.
 """
@@ -21,7 +21,7 @@ import numpy as np
 from . import _prefill
 from ._ext import framework_of, to_dlpack
 from .decode import _dtype_name, _host_ints, _torch
-from .prefill import (_LN2, _ONE_M_TILE_SMS, _TILE_ROWS, _BatchPrefillBase, _check_indptr, _check_output, _dtype_of,
+from .prefill import (_LN2, _TILE_ROWS, _BatchPrefillBase, _check_indptr, _check_output, _dtype_of,
                       _host_indptrs, _num_sms, _pad_items)
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
@@ -64,15 +64,19 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
     be views into one ``[num_pages, page_size, 576]`` buffer). Raises ``ValueError`` for other head
     dims, mismatched dtypes / shapes (checked at ``run`` against the plan) and bad index arrays;
     ``NotImplementedError`` for other backends, fp8 caches, ``use_profiler`` / ``profiler_buffer``,
-    ``o_scale``, and the new-style ``run(kv_len=..., page_table=...)`` form. No split-KV yet: each
-    work item is one request's 64 packed (token, head) rows over all its keys, so a batch with
-    fewer row tiles than the GPU has SMs (e.g. decode of a few requests) runs few CTAs.
+    ``o_scale``, and the new-style ``run(kv_len=..., page_table=...)`` form. A work item is one
+    request's 64 packed (token, head) rows; when a batch has too few of them to fill the GPU's
+    SMs (decode of a few requests), plan cuts every request's keys into chunks (split-KV: at most
+    64, of at least 256 keys), whose partial states (q's dtype, at the start of the float
+    workspace) run merges into the output.
 
     CUDA graphs (``use_cuda_graph=True``): ``qo_indptr``, ``kv_indptr``, ``kv_indices`` and
     ``kv_len_arr`` (CUDA int32) are required; the batch size is ``len(qo_indptr) - 1``, the first
     plan fixes the most query rows (and so the work-item count). Every plan writes its page table
     into those buffers and its work items (padded with no-op items) and last-page lengths into
     the int workspace at fixed addresses, so a captured ``run`` replays correctly after a new plan.
+    The first plan fixes the split-KV chunk count too; when it splits, later plans must keep its
+    ``qo_indptr[-1]`` (the merge's row count is part of the captured launch).
     """
 
     _PAGED = True
@@ -88,6 +92,7 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         self._kv_indices_buf = kv_indices
         self._kv_len_arr_buf = kv_len_arr
         self._use_profiler = False
+        self._graph_chunks = None
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads: int, head_dim_ckv: int,
              head_dim_kpe: int, page_size: int, causal: bool, sm_scale: float, q_data_type: Any, kv_data_type: Any,
@@ -157,16 +162,32 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
                 raise ValueError(f"The length of kv_indices ({pages_h.size}) exceeds the allocated buffer size "
                                  f"({len(self._kv_indices_buf)})")
 
-        # work items: (request, 64-row tile) pairs over the packed rows token * num_heads + head
-        sms = _ONE_M_TILE_SMS if graph else _num_sms(self.device)
-        items_list, m_tiles = _prefill.plan_batch(qo_lens.tolist(), kv_lens.tolist(), num_heads, 1,
-                                                  _HEAD_DIM_CKV + head_dim_kpe, _HEAD_DIM_CKV, sms)
-        if m_tiles != 1:
-            raise RuntimeError(f"{op}: plan_batch chose {m_tiles} M tiles; the MLA kernel takes {_TILE_ROWS}-row tiles")
+        # work items: (request, 64-row tile) pairs over the packed rows token * num_heads + head,
+        # each cut into `chunks` key chunks when the batch has too few to fill the SMs (split-KV;
+        # under CUDA graphs the first plan picks the count by its items alone, and it stays)
+        forced = (self._graph_chunks if self._graph_chunks is not None else -1) if graph else 0
+        items_list, chunks = _prefill.mla_plan(qo_lens.tolist(), kv_lens.tolist(), num_heads, _num_sms(self.device),
+                                               forced)
         items = np.asarray(items_list, dtype=np.int32).reshape(-1, 2)
+        max_rows = total_q
         if graph:
+            if chunks > 1 and self._max_total_num_rows is not None and total_q != self._max_total_num_rows:
+                raise ValueError(f"{op}: under CUDA graphs with split-KV (the first plan's {chunks} key chunks per "
+                                 f"request) qo_indptr[-1] must stay {self._max_total_num_rows}; got {total_q}")
             max_rows = total_q if self._max_total_num_rows is None else self._max_total_num_rows
-            items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS, op)
+            items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS * chunks, op)
+        # split-KV's partial states: o [rows, chunks, num_heads, 512] (q's dtype) and lse
+        # [rows, chunks + 1, num_heads] (float32) at the start of the float workspace
+        self._o_part = self._lse_part = None
+        if chunks > 1:
+            o_bytes = (max_rows * chunks * num_heads * _HEAD_DIM_CKV * 2 + 255) // 256 * 256
+            l_bytes = max_rows * (chunks + 1) * num_heads * 4
+            ws = self._float_workspace_buffer
+            if ws.numel() < o_bytes + l_bytes:
+                raise ValueError(f"{op}: float_workspace_buffer too small: split-KV over {chunks} key chunks needs "
+                                 f"{o_bytes + l_bytes} bytes; it has {ws.numel()}")
+            self._o_part = ws[:o_bytes].view(getattr(torch, q_name))
+            self._lse_part = ws[o_bytes:o_bytes + l_bytes].view(torch.float32)
 
         # device copies: one pinned staging buffer -> int workspace copy (under CUDA graphs the page
         # table goes to the caller's buffers; items and last-page lengths stay at fixed offsets)
@@ -183,12 +204,14 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
                     bufs[name][:a.size].copy_(torch.from_numpy(a.astype(np.int32)), non_blocking=True)
             if self._max_total_num_rows is None:
                 self._max_total_num_rows = total_q
+            self._graph_chunks = chunks
         else:
             self._qo_indptr_buf, self._kv_indptr_buf = views["qo"], views["kv"]
             self._kv_indices_buf, self._kv_len_arr_buf = views["pages"], views["kv_len"]
         self._last_page_len = views["last"]
         self._items = views["items"]
         self._num_items = int(items.shape[0])
+        self._num_chunks = int(chunks)
 
         # the plan (FlashInfer's attribute names where it has them)
         self._batch_size = batch
@@ -260,6 +283,8 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
                              to_dlpack(kpe_cache, "kpe_cache") if dkpe else None, dl(out),
                              None if lse is None else dl(lse), td(self._qo_indptr_buf), td(self._kv_indptr_buf),
                              td(self._kv_indices_buf), td(self._last_page_len), td(self._items), self._num_items,
+                             self._num_chunks, None if self._o_part is None else td(self._o_part),
+                             None if self._lse_part is None else td(self._lse_part),
                              self._page_size, self._causal, self._sm_scale,
                              self._raw_stream(self._dev_index) if is_torch else fw.stream(q), True)
             if return_lse_base_on_e and lse is not None:

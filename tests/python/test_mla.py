@@ -433,14 +433,17 @@ class MLAKernelEmulator:
     """_prefill.mla_run per its contract, in float64 (reference_mla per request): request b's keys
     are the first (pages - 1) * page_size + last_page_len[b] tokens of its pages (none without
     pages); it writes only the (token, head) rows of the given work items ((request, 64-row tile)
-    pairs over rows token * num_heads + head) and checks that each is written exactly once."""
+    pairs over rows token * num_heads + head; with num_chunks > 1 the tile field is tile *
+    num_chunks + chunk and every chunk of a row tile must be there, once) and checks that each
+    row is written exactly once (the merged result, when its chunk 0 item comes)."""
 
     def __init__(self):
         self.calls = 0
         self.launched_items = []
+        self.chunks = []
 
     def __call__(self, q, ckv, kpe, out, lse, qo_indptr, kv_indptr, page_indices, last_page_len, items, num_items,
-                 page_size, causal, sm_scale, stream, pdl):
+                 num_chunks, o_part, lse_part, page_size, causal, sm_scale, stream, pdl):
         q, ckv, kpe, out, lse = (_from_dl(x) for x in (q, ckv, kpe, out, lse))
         qo_indptr, kv_indptr, page_indices, last_page_len, items = (
             _from_dl(x) for x in (qo_indptr, kv_indptr, page_indices, last_page_len, items))
@@ -454,12 +457,23 @@ class MLAKernelEmulator:
         assert out.shape == (n, heads, 512) and out.dtype == q.dtype
         assert lse is None or (lse.shape == (n, heads) and lse.dtype == torch.float32 and lse.is_contiguous())
         assert items.numel() >= 2 * num_items
+        chunks = max(int(num_chunks), 1)
+        self.chunks.append(chunks)
+        if chunks > 1:  # the partial states' buffers
+            o_part, lse_part = _from_dl(o_part), _from_dl(lse_part)
+            assert o_part.dtype == q.dtype and o_part.numel() >= n * chunks * heads * 512
+            assert lse_part.dtype == torch.float32 and lse_part.numel() >= n * (chunks + 1) * heads
         rows = fprefill._TILE_ROWS
+        seen = {}
         written = torch.zeros(n, heads, dtype=torch.int32)
         per_request = {}
         it = items[:2 * num_items].view(-1, 2).tolist()
         self.launched_items.append(len(it))
         for b, t in it:
+            t, c = divmod(t, chunks)
+            seen[(b, t, c)] = seen.get((b, t, c), 0) + 1
+            if c:
+                continue  # (chunk 0 writes the merged rows)
             q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
             if t * rows >= (q1 - q0) * heads:
                 continue  # a no-op (padding) item
@@ -478,56 +492,52 @@ class MLAKernelEmulator:
             written[q0 + tok, head] += 1
         assert int(qo_indptr[-1]) == n
         assert bool((written == 1).all()), "every (token, head) row is written exactly once"
+        for (b, t, c), k in seen.items():
+            if t * rows < int(qo_indptr[b + 1] - qo_indptr[b]) * heads:
+                assert k == 1 and all((b, t, cc) in seen for cc in range(chunks)), "every chunk of a tile once"
 
 
-def _model_plan_batch(qo_lens, kv_lens, hq, hkv, dqk, dvo, num_sms):
-    """A Python model of _prefill.plan_batch's contract for one M tile: every 64-row tile of every
-    request once, longest KV first."""
-    group = hq // hkv
-    items = []
+def _model_mla_plan(qo_lens, kv_lens, heads, num_sms, chunks):
+    """A Python model of _prefill.mla_plan's contract: every 64-row tile of every request, longest
+    KV first, cut into `chunks` items (tile * chunks + c) when chunks > 0, else as many as bring
+    two CTAs per item to num_sms (1 when they already fill it), at most max_kv / 256 and 64."""
+    base = []
     for b in sorted(range(len(qo_lens)), key=lambda b: -kv_lens[b]):
-        for t in reversed(range(-(-qo_lens[b] * group // 64))):
-            items += [b, t]
-    return items, 1
+        for t in reversed(range(-(-qo_lens[b] * heads // 64))):
+            base.append((b, t))
+    if chunks <= 0:  # (< 0: as if every request had many keys)
+        n, max_kv = len(base), (1 << 40 if chunks < 0 else max(kv_lens, default=0))
+        chunks = 1 if n == 0 or 2 * n >= num_sms else max(1, min(-(-num_sms // (2 * n)), max_kv // 256, 64))
+    return [x for b, t in base for c in range(chunks) for x in (b, t * chunks + c)], chunks
 
 
-def _real_plan_batch_takes_mla():
-    pb = getattr(fmla._prefill, "plan_batch", None)
-    if pb is None:
-        return False
-    try:
-        pb([1], [1], 16, 1, 576, 512, 132)
-        return True
-    except Exception:
-        return False
+_REAL_MLA_PLAN = hasattr(fmla._prefill, "mla_plan")
 
 
-_REAL_PLAN_BATCH = _real_plan_batch_takes_mla()
-
-
-@pytest.mark.skipif(not hasattr(fmla._prefill, "plan_batch"), reason="this build's _prefill has no plan_batch")
-@pytest.mark.parametrize("kpe", [64, 0])
+@pytest.mark.skipif(not _REAL_MLA_PLAN, reason="this build's _prefill has no mla_plan")
 @pytest.mark.parametrize("heads", [16, 24, 128])
-def test_plan_batch_items_for_mla(kpe, heads):
-    """The binding's work items for the MLA dims (the contract the wrapper relies on): one M tile
-    (64 packed rows token * num_heads + head) whatever num_sms, every row tile of every request
-    exactly once, nothing for a request without query rows."""
-    qo, kv = QMIX17, MIX17
-    for sms in (132, 8, fprefill._ONE_M_TILE_SMS):
-        items, m_tiles = fmla._prefill.plan_batch(qo, kv, heads, 1, 512 + kpe, 512, sms)
-        assert m_tiles == 1
-        got = sorted(zip(items[0::2], items[1::2]))
-        assert got == sorted((b, t) for b in range(len(qo)) for t in range(-(-qo[b] * heads // 64)))
+def test_mla_plan_matches_its_model(heads):
+    """The binding's work items and chunk counts (the contract the wrapper and the emulator rely
+    on): every row tile of every request once per chunk, nothing for a request without query
+    rows; split-KV only while the items do not fill the SMs, chunks of >= 256 keys, <= 64."""
+    for qo, kv in ((QMIX17, MIX17), ([1], [4096]), ([1] * 4, [300, 5000, 0, 17]), ([1], [100]), ([17] * 2, [9000] * 2)):
+        for sms, forced in ((132, 0), (8, 0), (132, 3), (1000, 0), (132, -1)):
+            items, chunks = fmla._prefill.mla_plan(qo, kv, heads, sms, forced)
+            assert (items, chunks) == _model_mla_plan(qo, kv, heads, sms, forced)
+            assert 1 <= chunks <= 64 and (forced <= 0 or chunks == forced)
+    assert fmla._prefill.mla_plan([1], [4096], 128, 132, 0)[1] == 16  # 2 items -> 4 CTAs -> 33 wanted, 16 by keys
+    assert fmla._prefill.mla_plan([1] * 64, [4096] * 64, 128, 132, 0)[1] == 1
+    assert fmla._prefill.mla_plan([1], [0], 128, 132, -1)[1] == 33  # (CUDA graphs: lengths ignored)
 
 
 @pytest.fixture
 def mla_kernel(emulated, monkeypatch):
     """The wrapper on the CPU (test_batch_prefill's ``emulated``: CPU workspaces, no CUDA streams /
-    events) with mla_run emulated; plan_batch is the binding's when it takes the MLA head dims,
-    else a model of its contract."""
+    events) with mla_run emulated; mla_plan is the binding's when built, else a model of its
+    contract."""
     kernel = MLAKernelEmulator()
-    plan_batch = fmla._prefill.plan_batch if _REAL_PLAN_BATCH else _model_plan_batch
-    monkeypatch.setattr(fmla, "_prefill", SimpleNamespace(plan_batch=plan_batch, mla_run=kernel))
+    mla_plan = fmla._prefill.mla_plan if _REAL_MLA_PLAN else _model_mla_plan
+    monkeypatch.setattr(fmla, "_prefill", SimpleNamespace(mla_plan=mla_plan, mla_run=kernel))
     monkeypatch.setattr(fmla, "_num_sms", lambda device: 132)
     return kernel
 
@@ -606,13 +616,13 @@ def test_emulated_items_are_honored(mla_kernel, monkeypatch):
     """The emulator writes only the planned items' rows: a work-item list missing a tile fails."""
     bt = _cpu_batch([2, 17], [9, 40], heads=16)
     w = MLA(_cpu_ws())
-    plan_batch = fmla._prefill.plan_batch
+    mla_plan = fmla._prefill.mla_plan
 
     def drop_one(*args):
-        items, m = plan_batch(*args)
-        return items[2:], m
+        items, chunks = mla_plan(*args)
+        return items[2:], chunks
 
-    monkeypatch.setattr(fmla._prefill, "plan_batch", drop_one)
+    monkeypatch.setattr(fmla._prefill, "mla_plan", drop_one)
     bt.plan(w, False)
     with pytest.raises(AssertionError, match="exactly once"):
         w.run(*bt.run_args())
@@ -623,10 +633,10 @@ def test_emulated_cuda_graph_plans(mla_kernel):
     of work items (padded with no-op items) from the same addresses."""
     batch, heads = 4, 64
     bufs = {k: v.fill_(-1) for k, v in _graph_bufs(batch, 300).items()}
-    w = MLA(_cpu_ws(), True, **bufs)
+    w = MLA(workspace("cpu"), True, **bufs)
     assert w._qo_indptr_buf is bufs["qo_indptr"] and w._kv_len_arr_buf is bufs["kv_len_arr"]
     plans = [([1, 2, 17, 1], [0, 0, 0, 0]), ([1, 2, 17, 1], [512, 0, 300, 17]), ([17, 1, 2, 1], [1, 300, 17, 512]),
-             ([1, 1, 1, 1], [5, 6, 7, 8])]
+             ([2, 1, 1, 17], [5, 6, 7, 8])]
     items_ptr = last_ptr = None
     for qo, kv in plans:
         bt = _cpu_batch(qo, kv, heads, 16, 64, B)
@@ -637,7 +647,8 @@ def test_emulated_cuda_graph_plans(mla_kernel):
         assert w._qo_indptr_buf is bufs["qo_indptr"] and w._kv_indices_buf is bufs["kv_indices"]
         if items_ptr is None:
             items_ptr, last_ptr, n_items = w._items.data_ptr(), w._last_page_len.data_ptr(), w._num_items
-            assert n_items == (21 * heads + 63 * batch) // 64
+            # 21 items of the first plan: 42 CTAs, so 4 key chunks each (split-KV, kept)
+            assert w._num_chunks == 4 and n_items == (21 * heads + 63 * batch) // 64 * 4
         assert (w._items.data_ptr(), w._last_page_len.data_ptr(), w._num_items) == (items_ptr, last_ptr, n_items)
         o, lse = w.run(*bt.run_args(), return_lse=True)
         check(o, lse, *bt.ref(True))
@@ -729,3 +740,33 @@ def test_run_checks(mla_kernel):
         w.run(qn, qp, ckv, None)
     with pytest.raises(ValueError, match="kpe_cache must be None"):
         w.run(qn, None, ckv, kpe)
+
+
+def test_emulated_split_kv(mla_kernel):
+    """Few long requests: plan cuts the keys into chunks (split-KV), run hands the kernel the
+    partial states' buffers (in the float workspace) and the rows come back right (the emulator
+    merges); a float workspace too small for them is refused at plan."""
+    bt = _cpu_batch([1, 2], [3000, 700], heads=16)
+    w = bt.check_run(True)
+    assert w._num_chunks == mla_kernel.chunks[-1] == 11  # 2 items: 33 chunks wanted, 3000 // 256 = 11
+    with pytest.raises(ValueError, match="float_workspace_buffer too small"):
+        bt.plan(MLA(_cpu_ws()), True)
+
+
+def test_emulated_cuda_graph_split_keeps_rows(mla_kernel):
+    """Under CUDA graphs the first plan's chunk count stays, and with split-KV qo_indptr[-1] too
+    (the merge's row count is captured)."""
+    bufs = _graph_bufs(2, 300)
+    w = MLA(workspace("cpu"), True, **bufs)
+    first = _cpu_batch([1, 1], [0, 0], heads=16)  # (FlashInfer's flow: plan with empty KV first)
+    first.plan(w, True)
+    chunks = w._num_chunks
+    assert chunks > 1
+    assert chunks == 33  # 2 items: 4 CTAs, 33 chunks bring them to 132 SMs
+    again = _cpu_batch([1, 1], [3000, 9], heads=16)  # (alone: 11 chunks)
+    again.plan(w, True)
+    assert w._num_chunks == chunks
+    o, lse = w.run(*again.run_args(), return_lse=True)
+    check(o, lse, *again.ref(True))
+    with pytest.raises(ValueError, match="must stay 2"):
+        _cpu_batch([1, 0], [40, 9], heads=16).plan(w, True)

@@ -144,11 +144,22 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     kv_len = !kPaged ? n : n > 0 ? (n - 1) * p.page_size + p.last_page_len[b] : 0;
     if (p.mask) mask_bit0 = int64_t{p.mask_indptr[b]} * 8;
   }
+  [[maybe_unused]] int chunk = 0;  // (MLA split-KV: the item's key chunk)
+  if constexpr (kMla) {
+    if (p.num_chunks > 1) chunk = static_cast<int>(tile % p.num_chunks), tile /= p.num_chunks;
+  }
   const int64_t rows = qo_len * group, delta = kv_len - qo_len;
   const int64_t pr0 = tile * kRows;
   if (pr0 >= rows) return;
   const int64_t pr_end = pr0 + kRows < rows ? pr0 + kRows : rows;
-  const KeyRange kr = prefill_key_range(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left, p.mask != nullptr);
+  KeyRange kr = prefill_key_range(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left, p.mask != nullptr);
+  if constexpr (kMla) {  // (chunks start on tile boundaries: their tiles need no extra masking)
+    if (p.num_chunks > 1) {
+      const int64_t ck = mla_chunk_keys(kv_len, p.num_chunks), lo = chunk * ck;
+      kr.begin = kr.begin > lo ? kr.begin : lo;
+      kr.end = kr.end < lo + ck ? kr.end : lo + ck;
+    }
+  }
   const int64_t kv_first = kr.begin / kKeys * kKeys;
   const int64_t n_tiles = kr.end > kv_first ? ceil_div<int64_t>(kr.end - kv_first, kKeys) : 0;
 
@@ -411,13 +422,17 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       const int qh = kv_head * group + static_cast<int>(pr - t * group);
       const float inv = den > 0.f ? p.v_scale / den : 0.f;
       T* orow = p.o + (q0 + t) * p.o_stride_n + int64_t{qh} * p.o_stride_h + part * kDVO;
+      if constexpr (kMla) orow += chunk * p.o_stride_c;
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         const uint32_t w = mma::pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + n * 8 + tig * 2) = w;
       }
-      if (p.lse && tig == 0 && part == 0)
-        p.lse[(q0 + t) * p.num_qo_heads + qh] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
+      if (p.lse && tig == 0 && part == 0) {
+        const int64_t at = kMla ? (q0 + t) * p.lse_stride_n + int64_t{chunk} * p.num_qo_heads + qh
+                                : (q0 + t) * p.num_qo_heads + qh;
+        p.lse[at] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
+      }
     }
   }
   pdl_launch_dependents();
@@ -438,23 +453,6 @@ PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles
   if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kMode>;
   if (head_dim_qk == 512 && head_dim_vo == 512)
     return PrefillKernel<T, 512, kPrefillVoPart, 1, kMode, PrefillVO::kParts>;
-  return nullptr;
-}
-
-// The MLA kernel of (head_dim_qk, head_dim_vo) computing vo_cols V / O columns (mla_vo_cols;
-// grid z: head_dim_vo / vo_cols parts), null: not built.
-template <typename T>
-PrefillKernelPtr<T> mla_kernel(int head_dim_qk, int head_dim_vo, int vo_cols) {
-  constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
-  constexpr PrefillMode kPaged = PrefillMode::kPaged;
-  if (head_dim_vo != kD || (vo_cols != kP && vo_cols != 2 * kP)) return nullptr;
-  const bool wide = vo_cols == 2 * kP;
-  if (head_dim_qk == kD + 64)
-    return wide ? PrefillKernel<T, kD + 64, 2 * kP, 1, kPaged, PrefillVO::kMla>
-                : PrefillKernel<T, kD + 64, kP, 1, kPaged, PrefillVO::kMla>;
-  if (head_dim_qk == kD)
-    return wide ? PrefillKernel<T, kD, 2 * kP, 1, kPaged, PrefillVO::kMla>
-                : PrefillKernel<T, kD, kP, 1, kPaged, PrefillVO::kMla>;
   return nullptr;
 }
 
@@ -507,25 +505,6 @@ cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t st
   if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
   return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, stream)
                         : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, stream);
-}
-
-// Launches MLA attention (PrefillVO::kMla: p.items of prefill_plan_batch with one M tile, one KV
-// head, the ckv cache in p.k and the kpe cache in p.k_rope) on `stream`.
-template <typename T>
-cudaError_t BatchMla(const PrefillParams<T>& p, cudaStream_t stream) {
-  if (validate_batch(p, true) != Status::kSuccess) return cudaErrorInvalidValue;
-  if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
-  DeviceInfo info;
-  FLASHINFER_CUDA_TRY(current_device_info(&info));
-  constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
-  constexpr PrefillMode kPaged = PrefillMode::kPaged;
-  constexpr PrefillVO kMla = PrefillVO::kMla;
-  const bool wide = mla_vo_cols(p.num_items, info.num_sms) == 2 * kP;
-  if (p.head_dim_qk == kD + 64)
-    return wide ? detail::launch_prefill<T, kD + 64, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
-                : detail::launch_prefill<T, kD + 64, kP, 1, kPaged, kMla>(p, p.num_items, stream);
-  return wide ? detail::launch_prefill<T, kD, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
-              : detail::launch_prefill<T, kD, kP, 1, kPaged, kMla>(p, p.num_items, stream);
 }
 
 }  // namespace attention

@@ -108,19 +108,24 @@ struct PrefillParams {
   // holds the ckv cache, which is V too (v unused).
   const T* k_rope;
   int64_t kr_stride_page, kr_stride_n;
+  // MLA split-KV (mla.h): with num_chunks > 1 a work item's row-tile field is tile * num_chunks +
+  // chunk, the item sees its request's keys [chunk * c, chunk * c + c) (c = mla_chunk_keys) and
+  // writes its partial state at o + chunk * o_stride_c and lse[row * lse_stride_n + chunk *
+  // num_qo_heads + head]. Without: num_chunks 0 or 1, lse_stride_n = num_qo_heads.
+  int num_chunks;
+  int64_t o_stride_c, lse_stride_n;
 };
+
+// MLA split-KV: the keys of one chunk of a kv_len-key request cut into `chunks` (whole tiles).
+FLASHINFER_HOST_DEVICE constexpr int64_t mla_chunk_keys(int64_t kv_len, int chunks) {
+  return chunks <= 1 ? kv_len : ceil_div<int64_t>(ceil_div<int64_t>(kv_len, chunks), kPrefillKeys) * kPrefillKeys;
+}
 
 // The head-dim pairs the kernels are built for.
 FLASHINFER_HOST_DEVICE constexpr bool prefill_head_dims_supported(int head_dim_qk, int head_dim_vo) {
   return (head_dim_qk == head_dim_vo &&
           (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256 || head_dim_qk == 512)) ||
          (head_dim_qk == 192 && head_dim_vo == 128);
-}
-// MLA's V / O columns per warp: 128 (two CTAs of two warp groups per work item) while those CTAs
-// fit one wave on the SMs, else 256 (one CTA: every warp recomputes its rows' 576-wide scores, so
-// fewer column groups do less MMA work in all, but a CTA takes longer).
-FLASHINFER_HOST_DEVICE constexpr int mla_vo_cols(int64_t num_items, int num_sms) {
-  return num_items * (kMlaHeadDimCkv / (2 * kPrefillVoPart)) > num_sms ? 2 * kPrefillVoPart : kPrefillVoPart;
 }
 // MLA: [ckv || kpe] keys with head_dim_kpe 64 or 0.
 FLASHINFER_HOST_DEVICE constexpr bool mla_head_dims_supported(int head_dim_qk, int head_dim_vo) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "check.h"
+#include "flashinfer/attention/mla.h"
 #include "flashinfer/attention/prefill.h"
 
 using namespace flashinfer::attention;
@@ -92,7 +93,7 @@ void test_grid_and_smem() {
   CHECK(prefill_max_m_tiles(64, 64) == 2 && prefill_max_m_tiles(128, 128) == 2);
   CHECK(prefill_max_m_tiles(256, 256) == 1 && prefill_max_m_tiles(192, 128) == 1);
   CHECK(prefill_max_m_tiles(512, 512) == 1 && prefill_max_m_tiles(576, 512) == 1);
-  // MLA: 128-column parts while they fit one wave of CTAs, 256 beyond
+  // MLA: 128-column parts while they fit one wave of CTAs, 256 beyond (mla.h)
   CHECK(mla_vo_cols(1, 132) == 128 && mla_vo_cols(66, 132) == 128 && mla_vo_cols(67, 132) == 256);
   CHECK(prefill_threads(PrefillVO::kMla) == 2 * kPrefillThreads && prefill_threads(PrefillVO::kParts) == kPrefillThreads);
   CHECK(prefill_m_tiles(4096, 32, 8, 128, 128, 132) == 2);   // 1024 CTAs
@@ -186,6 +187,35 @@ void test_validate() {
   CHECK(validate_batch(c, true) == Status::kUnsupported);
 }
 
+// MLA split-KV: the chunk count rule, chunk key ranges covering [0, kv_len) once in whole
+// tiles, and every (row tile, chunk) item once.
+void test_mla_split() {
+  CHECK(mla_num_chunks(0, 4096, 132) == 1 && mla_num_chunks(66, 1 << 20, 132) == 1);  // enough CTAs
+  CHECK(mla_num_chunks(2, 4096, 132) == 16);                                         // keys: 4096 / 256
+  CHECK(mla_num_chunks(2, int64_t{1} << 40, 132) == 33);                             // 4 CTAs -> 132
+  CHECK(mla_num_chunks(1, int64_t{1} << 40, 132) == kMlaMaxChunks);
+  CHECK(mla_num_chunks(4, 300, 132) == 1);  // (one chunk's worth of keys)
+  for (int64_t kv : {0, 1, 63, 64, 65, 300, 4096, 8736})
+    for (int c : {1, 2, 3, 16, 33}) {
+      const int64_t ck = mla_chunk_keys(kv, c);
+      if (c > 1) CHECK(ck % kPrefillKeys == 0);
+      CHECK(ck * c >= kv);  // the chunks [i * ck, i * ck + ck) cover every key, disjointly
+    }
+  const std::vector<int64_t> qo{1, 2, 0, 17}, kv{4096, 300, 9, 0};
+  for (int chunks : {1, 3}) {
+    const std::vector<int32_t> base = prefill_plan_batch(qo, kv, 16, 1), items = mla_plan_items(qo, kv, 16, chunks);
+    CHECK(items.size() == base.size() * static_cast<size_t>(chunks));
+    // each base item (b, t) with every chunk c exactly once, encoded t * chunks + c
+    std::vector<int> seen(base.size() / 2 * static_cast<size_t>(chunks), 0);
+    for (size_t i = 0; i < items.size(); i += 2) {
+      const int32_t b = items[i], t = items[i + 1] / chunks, c = items[i + 1] % chunks;
+      for (size_t j = 0; j < base.size(); j += 2)
+        if (base[j] == b && base[j + 1] == t) ++seen[j / 2 * static_cast<size_t>(chunks) + static_cast<size_t>(c)];
+    }
+    for (int n : seen) CHECK(n == 1);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -193,5 +223,6 @@ int main() {
   test_grid_and_smem();
   test_plan_batch();
   test_validate();
+  test_mla_split();
   return test::finish("test_prefill");
 }

@@ -1,0 +1,74 @@
+// DeepSeek MLA: the prefill kernel's PrefillVO::kMla instantiations (prefill.cuh), their launch
+// (mla.h's shape) and, with split-KV, the merge of the chunks' partial states (cascade.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cascade.cuh"
+#include "mla.h"
+#include "prefill.cuh"
+
+namespace flashinfer {
+namespace attention {
+
+// The MLA kernel of (head_dim_qk, head_dim_vo) computing vo_cols V / O columns per warp
+// (mla_vo_cols; grid z: head_dim_vo / (2 vo_cols)), null: not built.
+template <typename T>
+PrefillKernelPtr<T> mla_kernel(int head_dim_qk, int head_dim_vo, int vo_cols) {
+  constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
+  constexpr PrefillMode kPaged = PrefillMode::kPaged;
+  if (head_dim_vo != kD || (vo_cols != kP && vo_cols != 2 * kP)) return nullptr;
+  const bool wide = vo_cols == 2 * kP;
+  if (head_dim_qk == kD + 64)
+    return wide ? PrefillKernel<T, kD + 64, 2 * kP, 1, kPaged, PrefillVO::kMla>
+                : PrefillKernel<T, kD + 64, kP, 1, kPaged, PrefillVO::kMla>;
+  if (head_dim_qk == kD)
+    return wide ? PrefillKernel<T, kD, 2 * kP, 1, kPaged, PrefillVO::kMla>
+                : PrefillKernel<T, kD, kP, 1, kPaged, PrefillVO::kMla>;
+  return nullptr;
+}
+
+// The merge of p's partial states: p.o [total_q, num_chunks, num_heads, 512] (p.o_stride_n,
+// p.o_stride_c, p.o_stride_h) and p.lse [total_q, num_chunks, num_heads] (p.lse_stride_n).
+template <typename T>
+MergeStatesParams<T> mla_merge_params(const PrefillParams<T>& p, int64_t total_q, const MlaMergeOut<T>& out) {
+  MergeStatesParams<T> m{};
+  m.v = p.o, m.s = p.lse;
+  m.v_out = out.o, m.s_out = out.lse;
+  m.seq_len = total_q, m.num_states = p.num_chunks, m.num_heads = p.num_qo_heads, m.head_dim = p.head_dim_vo;
+  m.in.v_n = p.o_stride_n, m.in.v_h = p.o_stride_h, m.v_stride_k = p.o_stride_c;
+  m.in.s_n = p.lse_stride_n, m.in.s_h = 1, m.s_stride_k = p.num_qo_heads;
+  m.out.v_n = out.o_stride_n, m.out.v_h = out.o_stride_h;
+  m.out.s_n = p.num_qo_heads, m.out.s_h = 1;
+  m.pdl = p.pdl;
+  return m;
+}
+
+// Launches MLA attention (p.items of mla_plan_items for p.num_chunks, one KV head, the ckv cache
+// in p.k and the kpe cache in p.k_rope) on `stream`. With p.num_chunks > 1, p.o / p.lse are the
+// partial states' buffers and a second launch merges them into `out` (total_q rows).
+template <typename T>
+cudaError_t BatchMla(const PrefillParams<T>& p, int64_t total_q, const MlaMergeOut<T>& out, cudaStream_t stream) {
+  if (validate_batch(p, true) != Status::kSuccess) return cudaErrorInvalidValue;
+  const bool split = p.num_chunks > 1;
+  if (split && (!p.lse || !out.o || !out.lse)) return cudaErrorInvalidValue;
+  if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
+  DeviceInfo info;
+  FLASHINFER_CUDA_TRY(current_device_info(&info));
+  constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
+  constexpr PrefillMode kPaged = PrefillMode::kPaged;
+  constexpr PrefillVO kMla = PrefillVO::kMla;
+  const bool wide = mla_vo_cols(p.num_items, info.num_sms) == 2 * kP;
+  cudaError_t err;
+  if (p.head_dim_qk == kD + 64)
+    err = wide ? detail::launch_prefill<T, kD + 64, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
+               : detail::launch_prefill<T, kD + 64, kP, 1, kPaged, kMla>(p, p.num_items, stream);
+  else
+    err = wide ? detail::launch_prefill<T, kD, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
+               : detail::launch_prefill<T, kD, kP, 1, kPaged, kMla>(p, p.num_items, stream);
+  if (err != cudaSuccess || !split) return err;
+  return MergeStates(mla_merge_params(p, total_q, out), stream);
+}
+
+}  // namespace attention
+}  // namespace flashinfer

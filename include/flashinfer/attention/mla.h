@@ -1,0 +1,71 @@
+// DeepSeek MLA on the prefill kernel (PrefillVO::kMla): the launch shape and the split-KV plan.
+// Pure C++17; the launch is in mla.cuh.
+//
+// Every query head attends one latent KV "head": K = [ckv || kpe] (512 + 64 or 512 columns),
+// V = ckv. Packed rows are token * num_heads + head (prefill's GQA packing with one KV head),
+// in 64-row work items (request, row tile) of prefill_plan_batch. A CTA is two warp groups
+// over one item's rows, each computing mla_vo_cols of V / O's 512 columns.
+//
+// Split-KV: decode batches have few items (128 heads x 1 token = 2 items a request), far fewer
+// CTAs than SMs. The plan then cuts every request's keys into `chunks` pieces of whole tiles
+// (mla_chunk_keys, prefill.h); each (item, chunk) writes a partial state (o normalized, base-2
+// lse) and a merge (cascade's MergeStates) combines the chunks of each (row, head).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../config.h"
+#include "prefill.h"
+
+namespace flashinfer {
+namespace attention {
+
+constexpr int kMlaMinChunkKeys = 256;  // a chunk's keys, at least (4 tiles: the pipeline fills)
+constexpr int kMlaMaxChunks = 64;
+
+// V / O columns per warp: 128 (two CTAs of two warp groups per work item) while those CTAs fit
+// one wave on the SMs, else 256 (one CTA: every warp recomputes its rows' 576-wide scores, so
+// fewer column groups do less MMA work in all, but a CTA takes longer).
+FLASHINFER_HOST_DEVICE constexpr int mla_vo_cols(int64_t num_items, int num_sms) {
+  return num_items * (kMlaHeadDimCkv / (2 * kPrefillVoPart)) > num_sms ? 2 * kPrefillVoPart : kPrefillVoPart;
+}
+
+// Chunks per request: 1 while the items' CTAs (two each at 128 columns) fill the SMs; else as
+// many as bring them to one wave, at most max_kv_len / kMlaMinChunkKeys and kMlaMaxChunks.
+FLASHINFER_HOST_DEVICE constexpr int mla_num_chunks(int64_t num_items, int64_t max_kv_len, int num_sms) {
+  if (num_items <= 0 || 2 * num_items >= num_sms) return 1;
+  const int64_t want = ceil_div<int64_t>(num_sms, 2 * num_items);
+  const int64_t by_keys = max_kv_len / kMlaMinChunkKeys;
+  int64_t c = want < by_keys ? want : by_keys;
+  c = c < kMlaMaxChunks ? c : kMlaMaxChunks;
+  return c > 1 ? static_cast<int>(c) : 1;
+}
+
+// Where split-KV's merge writes: o [total_q, num_heads, 512] (o_stride_n / o_stride_h
+// elements) and the base-2 lse [total_q, num_heads] (contiguous).
+template <typename T>
+struct MlaMergeOut {
+  T* o;
+  int64_t o_stride_n, o_stride_h;
+  float* lse;
+};
+
+// The work items of prefill_plan_batch (one M tile) with each row tile t cut into `chunks`
+// items of tile field t * chunks + c (PrefillParams::num_chunks).
+inline std::vector<int32_t> mla_plan_items(const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens,
+                                           int num_heads, int chunks) {
+  const std::vector<int32_t> base = prefill_plan_batch(qo_lens, kv_lens, num_heads, 1);
+  if (chunks <= 1) return base;
+  std::vector<int32_t> items;
+  items.reserve(base.size() * static_cast<size_t>(chunks));
+  for (size_t i = 0; i < base.size(); i += 2)
+    for (int c = 0; c < chunks; ++c) {
+      items.push_back(base[i]);
+      items.push_back(base[i + 1] * chunks + c);
+    }
+  return items;
+}
+
+}  // namespace attention
+}  // namespace flashinfer
