@@ -311,27 +311,40 @@ std::pair<std::vector<int32_t>, int> mla_plan(const std::vector<int64_t>& qo_len
   return {flashinfer::attention::mla_plan_items(qo_lens, kv_lens, static_cast<int>(num_heads), c), c};
 }
 
-// MLA (flashinfer.mla): q [total_q, H, 512 + dkpe] (q_nope || q_pe), the ckv cache [pages,
-// page_size, 512] and the kpe cache [pages, page_size, dkpe] (None when dkpe is 0) as one paged
-// KV head whose V is ckv; last_page_len[b] = kv_len[b] - (pages_b - 1) * page_size. Split-KV
+// MLA (flashinfer.mla): q_nope [total_q, H, 512] and q_pe [total_q, H, dkpe], the ckv cache
+// [pages, page_size, 512] and the kpe cache [pages, page_size, dkpe] (q_pe and kpe None when dkpe
+// is 0) as one paged KV head whose V is ckv; last_page_len[b] = kv_len[b] - (pages_b - 1) * page_size. Split-KV
 // (num_chunks > 1, items of mla_plan): the partial states go to o_part (q's dtype, >=
 // total_q * num_chunks * H * 512 elements) and lse_part (float32, >= total_q * (num_chunks + 1) *
 // H: the last total_q * H hold the merged lse when `lse` is None), then merge into out / lse.
-void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor out, std::optional<MutTensor> lse,
+void mla_run(MutTensor q, std::optional<MutTensor> q_pe, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor out,
+             std::optional<MutTensor> lse,
              MutTensor qo_indptr, MutTensor kv_indptr, MutTensor page_indices, MutTensor last_page_len, MutTensor items,
              int64_t num_items, int num_chunks, std::optional<MutTensor> o_part, std::optional<MutTensor> lse_part,
              int page_size, bool causal, double sm_scale, uintptr_t stream, bool enable_pdl) {
   const fb::Checker c{"BatchMLAPagedAttentionWrapper.run"};
   constexpr int64_t kDckv = flashinfer::attention::kMlaHeadDimCkv;
-  c.ndim_in(q, "q", {3}, "3-D [total_q, num_heads, head_dim_ckv + head_dim_kpe]");
-  const fb::DType dt = c.dtype_half(q, "q");
+  c.ndim_in(q, "q_nope", {3}, "3-D [total_q, num_heads, head_dim_ckv]");
+  const fb::DType dt = c.dtype_half(q, "q_nope");
   c.ndim_in(ckv, "ckv_cache", {3}, "3-D [num_pages, page_size, head_dim_ckv]");
   c.dtype_is(ckv, "ckv_cache", dt);
   c.dim_is(ckv, "ckv_cache", 2, kDckv, "head_dim_ckv");
   if (page_size <= 0) fb::fail(std::string(c.op) + ": page_size must be > 0; got " + std::to_string(page_size));
   c.dim_is(ckv, "ckv_cache", 1, page_size, "page_size");
-  const int64_t total_q = q.shape(0), hq = q.shape(1), dqk = q.shape(2);
-  const int64_t dkpe = kpe ? static_cast<int64_t>(kpe->shape(kpe->ndim() - 1)) : 0;
+  c.dim_is(q, "q_nope", 2, kDckv, "head_dim_ckv");
+  const int64_t total_q = q.shape(0), hq = q.shape(1);
+  const int64_t dkpe = kpe ? static_cast<int64_t>(kpe->shape(kpe->ndim() - 1)) : 0, dqk = kDckv + dkpe;
+  if (kpe.has_value() != q_pe.has_value()) fb::fail(std::string(c.op) + ": q_pe and kpe_cache come together");
+  if (q_pe) {
+    c.ndim_in(*q_pe, "q_pe", {3}, "3-D [total_q, num_heads, head_dim_kpe]");
+    c.dtype_is(*q_pe, "q_pe", dt);
+    c.dim_is(*q_pe, "q_pe", 0, total_q, "q_nope.shape[0]");
+    c.dim_is(*q_pe, "q_pe", 1, hq, "q_nope.shape[1]");
+    c.dim_is(*q_pe, "q_pe", 2, dkpe, "kpe_cache.shape[-1] (head_dim_kpe)");
+    c.last_contiguous(*q_pe, "q_pe");
+    check_vectors(c, *q_pe, "q_pe");
+    c.cuda_device({{&q, "q_nope"}, {&*q_pe, "q_pe"}});
+  }
   if (kpe) {
     c.ndim_in(*kpe, "kpe_cache", {3}, "3-D [num_pages, page_size, head_dim_kpe]");
     c.dtype_is(*kpe, "kpe_cache", dt);
@@ -340,15 +353,13 @@ void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor
     c.last_contiguous(*kpe, "kpe_cache");
     check_vectors(c, *kpe, "kpe_cache");
   }
-  if (!flashinfer::attention::mla_head_dims_supported(static_cast<int>(dqk), static_cast<int>(kDckv)) ||
-      dqk != kDckv + dkpe)
-    fb::fail(std::string(c.op) + ": q's last dimension must be head_dim_ckv + head_dim_kpe = 512 + (64 or 0); got " +
-             std::to_string(dqk) + " with head_dim_kpe " + std::to_string(dkpe));
-  c.last_contiguous(q, "q");
+  if (!flashinfer::attention::mla_head_dims_supported(static_cast<int>(dqk), static_cast<int>(kDckv)))
+    fb::fail(std::string(c.op) + ": head_dim_kpe must be 64 or 0; got " + std::to_string(dkpe));
+  c.last_contiguous(q, "q_nope");
   c.last_contiguous(ckv, "ckv_cache");
-  check_vectors(c, q, "q");
+  check_vectors(c, q, "q_nope");
   check_vectors(c, ckv, "ckv_cache");
-  check_outputs(c, out, lse, dt, total_q, "total_q", "q.shape[0]", hq, kDckv);
+  check_outputs(c, out, lse, dt, total_q, "total_q", "q_nope.shape[0]", hq, kDckv);
   if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
       (out.shape(1) > 1 && out.stride(1) % 2))
     fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
@@ -380,13 +391,13 @@ void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor
         (o_part->ndim() > 1 && o_part->stride(o_part->ndim() - 1) != 1))
       fb::fail(std::string(c.op) + ": the float workspace is too small for this plan's split-KV partial states (" +
                std::to_string(o_need * 2 + l_need * 4) + " bytes)");
-    c.cuda_device({{&q, "q"}, {&*o_part, "o_part"}, {&*lse_part, "lse_part"}});
+    c.cuda_device({{&q, "q_nope"}, {&*o_part, "o_part"}, {&*lse_part, "lse_part"}});
   }
-  const int dev = c.cuda_device({{&q, "q"}, {&ckv, "ckv_cache"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
+  const int dev = c.cuda_device({{&q, "q_nope"}, {&ckv, "ckv_cache"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
                                  {&kv_indptr, "kv_indptr"}, {&page_indices, "kv_indices"},
                                  {&last_page_len, "last_page_len"}, {&items, "items"}});
-  if (lse) c.cuda_device({{&q, "q"}, {&*lse, "lse"}});
-  if (kpe) c.cuda_device({{&q, "q"}, {&*kpe, "kpe_cache"}});
+  if (lse) c.cuda_device({{&q, "q_nope"}, {&*lse, "lse"}});
+  if (kpe) c.cuda_device({{&q, "q_nope"}, {&*kpe, "kpe_cache"}});
   if (num_items == 0 || hq == 0) return;
   fb::DeviceGuard guard(c.op, dev);
   const bool pdl = enable_pdl && fb::device_supports_pdl(dev);
@@ -397,6 +408,10 @@ void mla_run(MutTensor q, MutTensor ckv, std::optional<MutTensor> kpe, MutTensor
     p.k = static_cast<const T*>(ckv.data());
     p.v = p.k;
     p.k_rope = kpe ? static_cast<const T*>(kpe->data()) : nullptr;
+    if (q_pe) {
+      p.q_rope = static_cast<const T*>(q_pe->data());
+      p.qr_stride_n = q_pe->stride(0), p.qr_stride_h = q_pe->stride(1);
+    }
     p.o = static_cast<T*>(out.data());
     p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
     p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
@@ -445,7 +460,7 @@ NB_MODULE(_prefill, m) {
         "items"_a, "num_items"_a, "m_tiles"_a, "page_size"_a, "kv_layout"_a, "causal"_a, "window_left"_a, "sm_scale"_a,
         "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
   m.def("mla_plan", &mla_plan, "qo_lens"_a, "kv_lens"_a, "num_heads"_a, "num_sms"_a, "chunks"_a);
-  m.def("mla_run", &mla_run, "q"_a, "ckv"_a, "kpe"_a.none(), "out"_a, "lse"_a.none(), "qo_indptr"_a, "kv_indptr"_a,
+  m.def("mla_run", &mla_run, "q_nope"_a, "q_pe"_a.none(), "ckv"_a, "kpe"_a.none(), "out"_a, "lse"_a.none(), "qo_indptr"_a, "kv_indptr"_a,
         "page_indices"_a, "last_page_len"_a, "items"_a, "num_items"_a, "num_chunks"_a, "o_part"_a.none(),
         "lse_part"_a.none(), "page_size"_a, "causal"_a, "sm_scale"_a, "stream"_a, "pdl"_a);
   m.def("supported_dtypes", &fb::supported_dtypes);

@@ -7,8 +7,7 @@ and work-item machinery from flashinfer.prefill): it reads the index arrays on t
 synchronize), checks them, derives each request's last-page length from ``kv_len_arr``, asks
 ``_prefill.mla_plan`` for the (request, 64-row tile[, key chunk]) work items (packed rows are
 ``token * num_heads + head``) and copies everything to the device. ``run`` checks its tensors against the
-plan (no host synchronization), concatenates ``q_nope`` and ``q_pe`` and launches
-``_prefill.mla_run``, allocating only that concatenation and its outputs.
+plan (no host synchronization) and launches ``_prefill.mla_run``, allocating only its outputs.
 """
 
 from __future__ import annotations
@@ -28,17 +27,6 @@ __all__ = ["BatchMLAPagedAttentionWrapper"]
 
 _HEAD_DIM_CKV = 512
 _HEAD_DIMS_KPE = (64, 0)
-
-
-def _concat_q(fw: Any, q_nope: Any, q_pe: Any) -> Any:
-    """``[q_nope || q_pe]`` on the last dimension, in q_nope's framework (one allocation)."""
-    if fw.name == "torch":
-        return fw.torch.cat([q_nope, q_pe], dim=-1)
-    if fw.name == "cupy":
-        with q_nope.device:
-            return fw.cupy.concatenate((q_nope, q_pe), axis=-1)
-    raise TypeError(f"BatchMLAPagedAttentionWrapper.run: head_dim_kpe=64 needs torch tensors or CuPy arrays (q_nope "
-                    f"and q_pe are concatenated); got {type(q_nope).__module__}.{type(q_nope).__name__}")
 
 
 def _shape(t: Any) -> tuple:
@@ -238,7 +226,7 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         e with ``return_lse_base_on_e``. ``q_nope [qo_indptr[-1], num_heads, 512]``, ``q_pe [...,
         64]``, ``ckv_cache [num_pages, page_size, 512]``, ``kpe_cache [num_pages, page_size, 64]``
         (with head_dim_kpe 0, q_pe / kpe_cache may be None). No host synchronization; allocates
-        only the outputs and ``[q_nope || q_pe]``."""
+        only the outputs."""
         if not self._planned:
             raise RuntimeError(f"{self._NAME}.run: call plan() first")
         if profiler_buffer is not None:
@@ -276,17 +264,20 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
             if not lse.is_contiguous():
                 raise ValueError("Invalid layout of lse: it must be contiguous")
         if n and self._num_items:
-            q = _concat_q(fw, q_nope, q_pe) if dkpe else q_nope
             dl = self._to_dlpack if is_torch else fw.to_dlpack
             td = self._to_dlpack
-            _prefill.mla_run(dl(q), to_dlpack(ckv_cache, "ckv_cache"),
-                             to_dlpack(kpe_cache, "kpe_cache") if dkpe else None, dl(out),
+            tt = self._tensor_type
+            ckv_dl = td(ckv_cache) if type(ckv_cache) is tt else to_dlpack(ckv_cache, "ckv_cache")
+            kpe_dl = None
+            if dkpe:
+                kpe_dl = td(kpe_cache) if type(kpe_cache) is tt else to_dlpack(kpe_cache, "kpe_cache")
+            _prefill.mla_run(dl(q_nope), dl(q_pe) if dkpe else None, ckv_dl, kpe_dl, dl(out),
                              None if lse is None else dl(lse), td(self._qo_indptr_buf), td(self._kv_indptr_buf),
                              td(self._kv_indices_buf), td(self._last_page_len), td(self._items), self._num_items,
                              self._num_chunks, None if self._o_part is None else td(self._o_part),
                              None if self._lse_part is None else td(self._lse_part),
                              self._page_size, self._causal, self._sm_scale,
-                             self._raw_stream(self._dev_index) if is_torch else fw.stream(q), True)
+                             self._raw_stream(self._dev_index) if is_torch else fw.stream(q_nope), True)
             if return_lse_base_on_e and lse is not None:
                 fw.scale_(lse, _LN2)
         return (out, lse) if return_lse else out

@@ -181,6 +181,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     const bool ok = pr < rows;
     const int64_t t = ok ? pr / group : 0;
     const int64_t head = kv_head * group + (ok ? pr - t * group : 0);
+    if constexpr (kMla) {  // [q_nope || q_pe]: chunks from kMlaHeadDimCkv / 8 on from q_rope
+      if (c >= kMlaHeadDimCkv / 8) {
+        cp_async::copy16_or_zero(
+            sQ + mma::swizzle_offset<kRowQK>(r, c),
+            p.q_rope + (q0 + t) * p.qr_stride_n + head * p.qr_stride_h + (c - kMlaHeadDimCkv / 8) * 8, ok);
+        continue;
+      }
+    }
     cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }

@@ -105,9 +105,12 @@ struct PrefillParams {
   int64_t num_pages;  // pages of the cache tensors (page ids outside [0, num_pages) read as zeros)
   // MLA (PrefillVO::kMla; null otherwise): K row columns [kMlaHeadDimCkv, head_dim_qk) come from
   // k_rope (the kpe cache, one head: page stride kr_stride_page, entry stride kr_stride_n); k
-  // holds the ckv cache, which is V too (v unused).
+  // holds the ckv cache, which is V too (v unused). Likewise q's: q holds q_nope, q_rope q_pe
+  // (token stride qr_stride_n, head stride qr_stride_h).
   const T* k_rope;
   int64_t kr_stride_page, kr_stride_n;
+  const T* q_rope;
+  int64_t qr_stride_n, qr_stride_h;
   // MLA split-KV (mla.h): with num_chunks > 1 a work item's row-tile field is tile * num_chunks +
   // chunk, the item sees its request's keys [chunk * c, chunk * c + c) (c = mla_chunk_keys) and
   // writes its partial state at o + chunk * o_stride_c and lse[row * lse_stride_n + chunk *
@@ -212,7 +215,7 @@ Status validate_batch(const PrefillParams<T>& p, bool mla = false) {
   if (p.num_qo_heads < 0 || p.num_kv_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) return Status::kInvalidArgument;
   // (MLA's page_indices may be null: no request has a page)
   if (mla ? !mla_head_dims_supported(p.head_dim_qk, p.head_dim_vo) || p.num_kv_heads != 1 ||
-                (p.head_dim_qk > kMlaHeadDimCkv && p.num_items > 0 && !p.k_rope)
+                (p.head_dim_qk > kMlaHeadDimCkv && p.num_items > 0 && (!p.k_rope || !p.q_rope))
           : !prefill_head_dims_supported(p.head_dim_qk, p.head_dim_vo))
     return Status::kUnsupported;
   if (p.window_left < -1 || !(p.sm_scale == p.sm_scale) || p.soft_cap < 0.f) return Status::kInvalidArgument;

@@ -707,6 +707,8 @@ void run_mla(int H, int dkpe, const std::vector<int64_t>& qo_lens, const std::ve
   set_options(p, a);
   p.q = q.data(), p.k = ckv.data(), p.v = ckv.data(), p.o = o.data();
   p.k_rope = dkpe ? kpe.data() : nullptr;
+  p.q_rope = dkpe ? q.data() + DC : nullptr;  // (q_pe: the last dkpe columns of q's rows)
+  p.qr_stride_n = q_sn, p.qr_stride_h = DQ;
   p.lse = want_lse ? lse.data() : nullptr;
   p.q_stride_n = q_sn, p.q_stride_h = DQ;
   p.k_stride_n = DC, p.k_stride_page = int64_t{PS} * DC, p.v_stride_n = DC, p.v_stride_page = int64_t{PS} * DC;
