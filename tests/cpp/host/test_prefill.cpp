@@ -174,12 +174,14 @@ void test_validate() {
   // the MLA launch: paged, one KV head, [ckv || kpe] head dims, the kpe cache when kpe is 64 wide
   PrefillParams<uint16_t> m = b;
   m.num_qo_heads = 16, m.num_kv_heads = 1, m.head_dim_qk = 576, m.head_dim_vo = 512;
-  m.page_indices = idx, m.last_page_len = idx, m.page_size = 16, m.k_rope = buf;
+  m.page_indices = idx, m.last_page_len = idx, m.page_size = 16, m.k_rope = buf, m.q_rope = buf;
   CHECK(validate_batch(m, true) == Status::kSuccess);
   CHECK(validate_batch(m) == Status::kUnsupported);  // not a prefill head-dim pair
+  c = m, c.q_rope = nullptr;  // q_pe missing
+  CHECK(validate_batch(c, true) == Status::kUnsupported);
   c = m, c.k_rope = nullptr;
   CHECK(validate_batch(c, true) == Status::kUnsupported);
-  c.head_dim_qk = 512;  // no kpe
+  c.q_rope = nullptr, c.head_dim_qk = 512;  // no kpe
   CHECK(validate_batch(c, true) == Status::kSuccess);
   c = m, c.num_kv_heads = 2, c.num_qo_heads = 16;
   CHECK(validate_batch(c, true) == Status::kUnsupported);
