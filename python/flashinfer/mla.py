@@ -55,8 +55,9 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
     ``o_scale``, and the new-style ``run(kv_len=..., page_table=...)`` form. A work item is one
     request's 64 packed (token, head) rows; when a batch has too few of them to fill the GPU's
     SMs (decode of a few requests), plan cuts every request's keys into chunks (split-KV: at most
-    64, of at least 256 keys), whose partial states (q's dtype, at the start of the float
-    workspace) run merges into the output.
+    64, of at least 256 keys, fewer where the float workspace cannot hold their partial states),
+    whose partial states (q's dtype, at the start of the float workspace) run merges into the
+    output.
 
     CUDA graphs (``use_cuda_graph=True``): ``qo_indptr``, ``kv_indptr``, ``kv_indices`` and
     ``kv_len_arr`` (CUDA int32) are required; the batch size is ``len(qo_indptr) - 1``, the first
@@ -165,18 +166,31 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
             max_rows = total_q if self._max_total_num_rows is None else self._max_total_num_rows
             items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS * chunks, op)
         # split-KV's partial states: o [rows, chunks, num_heads, 512] (q's dtype) and lse
-        # [rows, chunks + 1, num_heads] (float32) at the start of the float workspace
+        # [rows, chunks + 1, num_heads] (float32) at the start of the float workspace; a workspace
+        # too small for them takes as many chunks as fit (none: no split)
+        ws = self._float_workspace_buffer
+
+        def part_bytes(c):
+            return (max_rows * c * num_heads * _HEAD_DIM_CKV * 2 + 255) // 256 * 256, max_rows * (c + 1) * num_heads * 4
+
+        if chunks > 1 and sum(part_bytes(chunks)) > ws.numel() and not (graph and self._graph_chunks is not None):
+            fit = chunks
+            while fit > 1 and sum(part_bytes(fit)) > ws.numel():
+                fit -= 1
+            items_list, chunks = _prefill.mla_plan(qo_lens.tolist(), kv_lens.tolist(), num_heads,
+                                                   _num_sms(self.device), fit)
+            items = np.asarray(items_list, dtype=np.int32).reshape(-1, 2)
+            if graph:
+                items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS * chunks,
+                                   op)
         self._o_part = self._lse_part = None
         if chunks > 1:
-            o_bytes = (max_rows * chunks * num_heads * _HEAD_DIM_CKV * 2 + 255) // 256 * 256
-            l_bytes = max_rows * (chunks + 1) * num_heads * 4
-            ws = self._float_workspace_buffer
+            o_bytes, l_bytes = part_bytes(chunks)
             if ws.numel() < o_bytes + l_bytes:
                 raise ValueError(f"{op}: float_workspace_buffer too small: split-KV over {chunks} key chunks needs "
                                  f"{o_bytes + l_bytes} bytes; it has {ws.numel()}")
             self._o_part = ws[:o_bytes].view(getattr(torch, q_name))
             self._lse_part = ws[o_bytes:o_bytes + l_bytes].view(torch.float32)
-
         # device copies: one pinned staging buffer -> int workspace copy (under CUDA graphs the page
         # table goes to the caller's buffers; items and last-page lengths stay at fixed offsets)
         arrays = {"qo": qo_h, "kv": kv_h, "pages": pages_h, "kv_len": kv_lens}

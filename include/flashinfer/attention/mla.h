@@ -31,11 +31,15 @@ FLASHINFER_HOST_DEVICE constexpr int mla_vo_cols(int64_t num_items, int num_sms)
   return num_items * (kMlaHeadDimCkv / (2 * kPrefillVoPart)) > num_sms ? 2 * kPrefillVoPart : kPrefillVoPart;
 }
 
-// Chunks per request: 1 while the items' CTAs (two each at 128 columns) fill the SMs; else as
-// many as bring them to one wave, at most max_kv_len / kMlaMinChunkKeys and kMlaMaxChunks.
+// Chunks per request: as many as bring the items to one wave of CTAs, floor(num_sms / items), at
+// most max_kv_len / kMlaMinChunkKeys and kMlaMaxChunks. One CTA per (item, chunk) at 256 columns
+// a warp does 1.7x less MMA work than two at 128 (mla_vo_cols), so chunks fill the SMs with the
+// wide CTAs; only where the keys run short do narrow ones remain. (Session 19's first rule,
+// ceil(num_sms / (2 items)), overshot one wave of narrow CTAs into fewer wide ones: batch 16 x
+// 128 heads got 3 chunks, 96 CTAs of 22 tiles, where 4 give 128 CTAs of 16.)
 FLASHINFER_HOST_DEVICE constexpr int mla_num_chunks(int64_t num_items, int64_t max_kv_len, int num_sms) {
-  if (num_items <= 0 || 2 * num_items >= num_sms) return 1;
-  const int64_t want = ceil_div<int64_t>(num_sms, 2 * num_items);
+  if (num_items <= 0) return 1;
+  const int64_t want = num_sms / num_items;
   const int64_t by_keys = max_kv_len / kMlaMinChunkKeys;
   int64_t c = want < by_keys ? want : by_keys;
   c = c < kMlaMaxChunks ? c : kMlaMaxChunks;

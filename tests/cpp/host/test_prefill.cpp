@@ -192,11 +192,13 @@ void test_validate() {
 // MLA split-KV: the chunk count rule, chunk key ranges covering [0, kv_len) once in whole
 // tiles, and every (row tile, chunk) item once.
 void test_mla_split() {
-  CHECK(mla_num_chunks(0, 4096, 132) == 1 && mla_num_chunks(66, 1 << 20, 132) == 1);  // enough CTAs
-  CHECK(mla_num_chunks(2, 4096, 132) == 16);                                         // keys: 4096 / 256
-  CHECK(mla_num_chunks(2, int64_t{1} << 40, 132) == 33);                             // 4 CTAs -> 132
-  CHECK(mla_num_chunks(1, int64_t{1} << 40, 132) == kMlaMaxChunks);
+  CHECK(mla_num_chunks(0, 4096, 132) == 1 && mla_num_chunks(67, 1 << 20, 132) == 1);  // a wave of items
+  CHECK(mla_num_chunks(66, 1 << 20, 132) == 2 && mla_num_chunks(32, 4096, 132) == 4);  // 132 / 128 CTAs
+  CHECK(mla_num_chunks(2, 4096, 132) == 16);                                          // keys: 4096 / 256
+  CHECK(mla_num_chunks(2, int64_t{1} << 40, 132) == kMlaMaxChunks);                   // 66 capped at 64
   CHECK(mla_num_chunks(4, 300, 132) == 1);  // (one chunk's worth of keys)
+  for (int64_t items : {1, 2, 5, 16, 21, 32, 66, 67, 200})  // never past one wave of CTAs
+    CHECK(items * mla_num_chunks(items, int64_t{1} << 40, 132) <= (items > 132 ? items : 132));
   for (int64_t kv : {0, 1, 63, 64, 65, 300, 4096, 8736})
     for (int c : {1, 2, 3, 16, 33}) {
       const int64_t ck = mla_chunk_keys(kv, c);
