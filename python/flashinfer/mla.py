@@ -51,8 +51,9 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
     Only the last dimension of q_nope / q_pe / the caches / out must be contiguous (the caches may
     be views into one ``[num_pages, page_size, 576]`` buffer). Raises ``ValueError`` for other head
     dims, mismatched dtypes / shapes (checked at ``run`` against the plan) and bad index arrays;
-    ``NotImplementedError`` for other backends, fp8 caches, ``use_profiler`` / ``profiler_buffer``,
-    ``o_scale``, and the new-style ``run(kv_len=..., page_table=...)`` form. A work item is one
+    ``NotImplementedError`` for other backends, fp8 caches, ``use_profiler`` and ``o_scale``;
+    ``run``'s ``profiler_buffer`` and ``kv_len`` / ``page_table`` (the cutlass backend's) are
+    ignored, as FlashInfer's other backends do. A work item is one
     request's 64 packed (token, head) rows; when a batch has too few of them to fill the GPU's
     SMs (decode of a few requests), plan cuts every request's keys into chunks (split-KV: at most
     64, of at least 256 keys, fewer where the float workspace cannot hold their partial states),
@@ -243,11 +244,8 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         only the outputs."""
         if not self._planned:
             raise RuntimeError(f"{self._NAME}.run: call plan() first")
-        if profiler_buffer is not None:
-            raise NotImplementedError(f"{self._NAME}.run: profiler_buffer (the intra-kernel profiler) is not supported")
-        if kv_len is not None or page_table is not None:
-            raise NotImplementedError(f"{self._NAME}.run: kv_len / page_table (the cutlass backend's form) are not "
-                                      "supported; plan() the page table instead")
+        # (profiler_buffer: read only with use_profiler, which plan refuses; kv_len / page_table:
+        # the cutlass backend's, ignored by the others, as in FlashInfer)
         if o_scale is not None:
             raise NotImplementedError(f"{self._NAME}.run: o_scale (fp8 output) is not supported")
         n, h, dkpe = self._total_q, self._num_heads, self._head_dim_kpe

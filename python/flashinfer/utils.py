@@ -44,6 +44,11 @@ def _device_index(device: Any) -> int:
         return 0
     if isinstance(device, int):
         return device
+    if isinstance(device, str):  # "cuda", "cuda:1" (torch's spelling; torch need not be imported)
+        kind, _, idx = device.partition(":")
+        if kind != "cuda":
+            raise ValueError(f"expected a CUDA device; got {device!r}")
+        return int(idx) if idx else 0
     idx = getattr(device, "index", None)  # torch.device
     if idx is None and hasattr(device, "id"):  # cupy.cuda.Device
         idx = device.id

@@ -179,6 +179,26 @@ def test_cuda_available_agrees_with_the_runtime():
         assert isinstance(_cuda.unavailable_reason(), str) and _cuda.unavailable_reason()
 
 
+def test_utils_device_helpers_take_every_device_spelling():
+    """get_compute_capability / device_support_pdl / is_sm90a_supported take what FlashInfer's
+    take (torch hands them the device): an index, a torch.device, or a string "cuda" / "cuda:1"."""
+    from flashinfer.utils import _device_index
+
+    assert _device_index(None) == 0 and _device_index(3) == 3
+    assert _device_index("cuda") == 0 and _device_index("cuda:1") == 1
+    with pytest.raises(ValueError, match="CUDA device"):
+        _device_index("cpu")
+    torch = pytest.importorskip("torch")
+    assert _device_index(torch.device("cuda", 2)) == 2 and _device_index(torch.device("cuda")) == 0
+
+
+@pytest.mark.gpu
+def test_utils_device_helpers_on_a_string_device():
+    assert flashinfer.utils.get_compute_capability("cuda:0") == flashinfer.utils.get_compute_capability(0)
+    assert flashinfer.utils.device_support_pdl("cuda") == flashinfer.utils.device_support_pdl(0)
+    assert flashinfer.utils.is_sm90a_supported("cuda:0") == flashinfer.utils.is_sm90a_supported(0)
+
+
 # --- GPU --------------------------------------------------------------------------------------
 
 def _torch():

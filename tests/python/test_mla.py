@@ -747,15 +747,17 @@ def test_run_checks(mla_kernel):
         (bt.run_args(), {"lse": torch.empty(3, 16, dtype=torch.float64)}, ValueError, "Invalid dtype of lse"),
         (bt.run_args(), {"lse": torch.empty(16, 3)}, ValueError, "Invalid shape of lse"),
         (bt.run_args(), {"lse": torch.empty(16, 3).t()}, ValueError, "contiguous"),
-        (bt.run_args(), {"profiler_buffer": torch.empty(8)}, NotImplementedError, "profiler"),
-        (bt.run_args(), {"kv_len": torch.tensor([30, 17])}, NotImplementedError, "kv_len"),
-        (bt.run_args(), {"page_table": torch.zeros(2, 2, dtype=I32)}, NotImplementedError, "page_table"),
         (bt.run_args(), {"o_scale": 1.0}, NotImplementedError, "o_scale"),
     ]
     for args, kw, exc, match in bad:
         with pytest.raises(exc, match=match):
             w.run(*args, **kw)
     assert mla_kernel.calls == 0
+    # the cutlass backend's kv_len / page_table and an unused profiler_buffer are ignored
+    ref = w.run(*bt.run_args())
+    other = w.run(*bt.run_args(), profiler_buffer=torch.empty(8), kv_len=torch.tensor([30, 17]),
+                  page_table=torch.zeros(2, 2, dtype=I32))
+    assert torch.equal(ref, other) and mla_kernel.calls == 2
     w.plan(**_plan_kw(bt, head_dim_kpe=0))
     with pytest.raises(ValueError, match="q_pe must be None or have a last dimension of 0"):
         w.run(qn, qp, ckv, None)
