@@ -4,6 +4,8 @@
 #   FLASHINFER_CUDA_ARCH_LIST="9.0" bash scripts/test.sh        (one SM target: fastest build)
 #   FLASHINFER_TEST_NO_DEPS=1   skip the pip install of test dependencies (offline GPU machines)
 #   FLASHINFER_TEST_NO_CPP=1    skip the C++ part (ctest and the example), e.g. to fit a time limit
+#   FLASHINFER_TEST_NO_BUILD=1  skip the package build (already installed, e.g. by gpu_check.sh)
+#   PYTEST_PATHS="tests/python/test_a.py ..."  the pytest files (default: tests/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,10 +25,12 @@ if [ -z "${FLASHINFER_TEST_NO_DEPS:-}" ]; then
   $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0" || $PY -m pip install -q torch
 fi
 
-echo "== build and install the Python package (FLASHINFER_CUDA_ARCH_LIST='${FLASHINFER_CUDA_ARCH_LIST:-auto}')"
-t0=$(date +%s)
-CMAKE_BUILD_PARALLEL_LEVEL=$JOBS $PY -m pip install -q --no-build-isolation --no-deps .
-echo "   package build: $(( $(date +%s) - t0 )) s"
+if [ -z "${FLASHINFER_TEST_NO_BUILD:-}" ]; then
+  echo "== build and install the Python package (FLASHINFER_CUDA_ARCH_LIST='${FLASHINFER_CUDA_ARCH_LIST:-auto}')"
+  t0=$(date +%s)
+  CMAKE_BUILD_PARALLEL_LEVEL=$JOBS $PY -m pip install -q --no-build-isolation --no-deps .
+  echo "   package build: $(( $(date +%s) - t0 )) s"
+fi
 
 ctest_rc=0
 ex_rc=0
@@ -53,7 +57,7 @@ else
 fi
 set +e
 echo "== pytest"
-$PY -m pytest tests/python -q -rs --durations=15 ${PYTEST_ARGS:-}
+$PY -m pytest ${PYTEST_PATHS:-tests/python} -q -rs --durations=15 ${PYTEST_ARGS:-}
 py_rc=$?
 set -e
 echo "ctest rc=$ctest_rc example rc=$ex_rc pytest rc=$py_rc"
