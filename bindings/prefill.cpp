@@ -67,6 +67,41 @@ void check_outputs(const fb::Checker& c, const MutTensor& out, const std::option
   }
 }
 
+// The kernels store o two elements at a time: 4-byte aligned, even strides.
+void check_out_pairs(const fb::Checker& c, const MutTensor& out) {
+  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
+      (out.shape(1) > 1 && out.stride(1) % 2))
+    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+}
+
+// What single and batch prefill fill alike: the tensors and their strides (k / v: token dim ln,
+// head dim hn), head counts and dims, and the score options.
+template <typename T>
+void fill_attention(PrefillParams<T>& p, const MutTensor& q, const MutTensor& k, const MutTensor& v,
+                    const MutTensor& out, const std::optional<MutTensor>& lse, const std::optional<MutTensor>& mask,
+                    int ln, int hn, int64_t hq, int64_t hkv, int64_t dqk, int64_t dvo, bool causal, int window_left,
+                    double sm_scale, double soft_cap, bool alibi, double v_scale, bool pdl) {
+  p.q = static_cast<const T*>(q.data());
+  p.k = static_cast<const T*>(k.data());
+  p.v = static_cast<const T*>(v.data());
+  p.o = static_cast<T*>(out.data());
+  p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
+  p.mask = mask ? static_cast<const uint8_t*>(mask->data()) : nullptr;
+  p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
+  p.k_stride_n = k.stride(ln), p.k_stride_h = k.stride(hn);
+  p.v_stride_n = v.stride(ln), p.v_stride_h = v.stride(hn);
+  p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
+  p.num_qo_heads = static_cast<int>(hq), p.num_kv_heads = static_cast<int>(hkv);
+  p.head_dim_qk = static_cast<int>(dqk), p.head_dim_vo = static_cast<int>(dvo);
+  p.causal = causal && !mask;
+  p.window_left = window_left;
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.soft_cap = soft_cap > 0 ? static_cast<float>(soft_cap) : 0.f;
+  p.alibi = alibi;
+  p.v_scale = static_cast<float>(v_scale);
+  p.pdl = pdl;
+}
+
 void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::optional<MutTensor> lse,
                     std::optional<MutTensor> mask, int layout, bool causal, int window_left, double sm_scale,
                     double soft_cap, bool alibi, double v_scale, uintptr_t stream, bool enable_pdl) {
@@ -105,9 +140,7 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   check_vectors(c, q, "q");
   check_vectors(c, k, "k");
   check_vectors(c, v, "v");
-  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
-      (out.shape(1) > 1 && out.stride(1) % 2))
-    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+  check_out_pairs(c, out);
   if (qo_len * (hq / hkv) > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows ||
       kv_len > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillKeys || hkv > 65535)
     fb::fail(std::string(c.op) + ": qo_len * group_size and kv_len must be < 2^31 and num_kv_heads <= 65535");
@@ -120,26 +153,9 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   fb::with_dtype(c.op, dt, [&](auto tag) {
     using T = decltype(tag);
     PrefillParams<T> p{};
-    p.q = static_cast<const T*>(q.data());
-    p.k = static_cast<const T*>(k.data());
-    p.v = static_cast<const T*>(v.data());
-    p.o = static_cast<T*>(out.data());
-    p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
-    p.mask = mask ? static_cast<const uint8_t*>(mask->data()) : nullptr;
-    p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
-    p.k_stride_n = k.stride(ln), p.k_stride_h = k.stride(hn);
-    p.v_stride_n = v.stride(ln), p.v_stride_h = v.stride(hn);
-    p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
+    fill_attention(p, q, k, v, out, lse, mask, ln, hn, hq, hkv, dqk, dvo, causal, window_left, sm_scale, soft_cap, alibi,
+                   v_scale, pdl);
     p.qo_len = qo_len, p.kv_len = kv_len;
-    p.num_qo_heads = static_cast<int>(hq), p.num_kv_heads = static_cast<int>(hkv);
-    p.head_dim_qk = static_cast<int>(dqk), p.head_dim_vo = static_cast<int>(dvo);
-    p.causal = causal && !mask;
-    p.window_left = window_left;
-    p.sm_scale = static_cast<float>(sm_scale);
-    p.soft_cap = soft_cap > 0 ? static_cast<float>(soft_cap) : 0.f;
-    p.alibi = alibi;
-    p.v_scale = static_cast<float>(v_scale);
-    p.pdl = pdl;
     const cudaError_t err = flashinfer::attention::SinglePrefill(p, fb::as_stream(stream));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
@@ -241,9 +257,7 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   check_vectors(c, q, "q");
   check_vectors(c, k, "k");
   check_vectors(c, v, "v");
-  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
-      (out.shape(1) > 1 && out.stride(1) % 2))
-    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+  check_out_pairs(c, out);
   if (total_q * (hq / hkv) > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows || hkv > 65535)
     fb::fail(std::string(c.op) + ": total_q * group_size must be < 2^31 and num_kv_heads <= 65535");
   const int dev = c.cuda_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
@@ -257,25 +271,8 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   fb::with_dtype(c.op, dt, [&](auto tag) {
     using T = decltype(tag);
     PrefillParams<T> p{};
-    p.q = static_cast<const T*>(q.data());
-    p.k = static_cast<const T*>(k.data());
-    p.v = static_cast<const T*>(v.data());
-    p.o = static_cast<T*>(out.data());
-    p.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
-    p.mask = mask ? static_cast<const uint8_t*>(mask->data()) : nullptr;
-    p.q_stride_n = q.stride(0), p.q_stride_h = q.stride(1);
-    p.k_stride_n = k.stride(ln), p.k_stride_h = k.stride(hn);
-    p.v_stride_n = v.stride(ln), p.v_stride_h = v.stride(hn);
-    p.o_stride_n = out.stride(0), p.o_stride_h = out.stride(1);
-    p.num_qo_heads = static_cast<int>(hq), p.num_kv_heads = static_cast<int>(hkv);
-    p.head_dim_qk = static_cast<int>(dqk), p.head_dim_vo = static_cast<int>(dvo);
-    p.causal = causal && !mask;
-    p.window_left = window_left;
-    p.sm_scale = static_cast<float>(sm_scale);
-    p.soft_cap = soft_cap > 0 ? static_cast<float>(soft_cap) : 0.f;
-    p.alibi = alibi;
-    p.v_scale = static_cast<float>(v_scale);
-    p.pdl = pdl;
+    fill_attention(p, q, k, v, out, lse, mask, ln, hn, hq, hkv, dqk, dvo, causal, window_left, sm_scale, soft_cap, alibi,
+                   v_scale, pdl);
     p.qo_indptr = qo_ptr, p.kv_indptr = kv_ptr, p.page_indices = pages, p.last_page_len = last;
     p.mask_indptr = mask_ind;
     p.items = item_ptr, p.num_items = num_items;
@@ -360,9 +357,7 @@ void mla_run(MutTensor q, std::optional<MutTensor> q_pe, MutTensor ckv, std::opt
   check_vectors(c, q, "q_nope");
   check_vectors(c, ckv, "ckv_cache");
   check_outputs(c, out, lse, dt, total_q, "total_q", "q_nope.shape[0]", hq, kDckv);
-  if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
-      (out.shape(1) > 1 && out.stride(1) % 2))
-    fb::fail(std::string(c.op) + ": out must be 4-byte aligned with even strides; got strides " + fb::stride_str(out));
+  check_out_pairs(c, out);
   const int32_t* qo_ptr = index_tensor(c, qo_indptr, "qo_indptr");
   const int32_t* kv_ptr = index_tensor(c, kv_indptr, "kv_indptr");
   c.dim_is(kv_indptr, "kv_indptr", 0, qo_indptr.shape(0), "len(qo_indptr)");

@@ -1,4 +1,4 @@
-// Declarations of the prefill launchers that bindings/prefill_kernels_*.cu instantiate; the
+// Declarations of the prefill launchers that bindings/prefill_inst.cu.in instantiates; the
 // binding never parses a kernel.
 #pragma once
 

@@ -156,16 +156,14 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         # each cut into `chunks` key chunks when the batch has too few to fill the SMs (split-KV;
         # under CUDA graphs the first plan picks the count by its items alone, and it stays)
         forced = (self._graph_chunks if self._graph_chunks is not None else -1) if graph else 0
-        items_list, chunks = _prefill.mla_plan(qo_lens.tolist(), kv_lens.tolist(), num_heads, _num_sms(self.device),
-                                               forced)
-        items = np.asarray(items_list, dtype=np.int32).reshape(-1, 2)
+        sms = _num_sms(self.device)
+        items_list, chunks = _prefill.mla_plan(qo_lens.tolist(), kv_lens.tolist(), num_heads, sms, forced)
         max_rows = total_q
         if graph:
             if chunks > 1 and self._max_total_num_rows is not None and total_q != self._max_total_num_rows:
                 raise ValueError(f"{op}: under CUDA graphs with split-KV (the first plan's {chunks} key chunks per "
                                  f"request) qo_indptr[-1] must stay {self._max_total_num_rows}; got {total_q}")
             max_rows = total_q if self._max_total_num_rows is None else self._max_total_num_rows
-            items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS * chunks, op)
         # split-KV's partial states: o [rows, chunks, num_heads, 512] (q's dtype) and lse
         # [rows, chunks + 1, num_heads] (float32) at the start of the float workspace; a workspace
         # too small for them takes as many chunks as fit (none: no split)
@@ -178,12 +176,10 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
             fit = chunks
             while fit > 1 and sum(part_bytes(fit)) > ws.numel():
                 fit -= 1
-            items_list, chunks = _prefill.mla_plan(qo_lens.tolist(), kv_lens.tolist(), num_heads,
-                                                   _num_sms(self.device), fit)
-            items = np.asarray(items_list, dtype=np.int32).reshape(-1, 2)
-            if graph:
-                items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS * chunks,
-                                   op)
+            items_list, chunks = _prefill.mla_plan(qo_lens.tolist(), kv_lens.tolist(), num_heads, sms, fit)
+        items = np.asarray(items_list, dtype=np.int32).reshape(-1, 2)
+        if graph:
+            items = _pad_items(items, (max_rows * num_heads + (_TILE_ROWS - 1) * batch) // _TILE_ROWS * chunks, op)
         self._o_part = self._lse_part = None
         if chunks > 1:
             o_bytes, l_bytes = part_bytes(chunks)
