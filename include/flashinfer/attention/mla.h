@@ -21,7 +21,13 @@
 namespace flashinfer {
 namespace attention {
 
-constexpr int kMlaMinChunkKeys = 256;  // a chunk's keys, at least (4 tiles: the pipeline fills)
+// A chunk's keys, at least (256: 4 tiles, the pipeline fills). FLASHINFER_MLA_MIN_CHUNK_KEYS: an
+// A/B knob (a multiple of kPrefillKeys).
+#ifndef FLASHINFER_MLA_MIN_CHUNK_KEYS
+#define FLASHINFER_MLA_MIN_CHUNK_KEYS 256
+#endif
+constexpr int kMlaMinChunkKeys = FLASHINFER_MLA_MIN_CHUNK_KEYS;
+static_assert(kMlaMinChunkKeys % kPrefillKeys == 0, "MLA chunks are whole tiles");
 constexpr int kMlaMaxChunks = 64;
 
 // V / O columns per warp: 128 (two CTAs of two warp groups per work item) while those CTAs fit

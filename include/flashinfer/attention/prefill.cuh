@@ -23,6 +23,12 @@
 #define FLASHINFER_PREFILL_FUSED_SCALE -1
 #endif
 
+// Tiles that every row of a CTA sees whole in a loop of their own, compiled without per-key
+// masking (prefill_plain_tiles): 1, or 0 for one loop over all tiles.
+#ifndef FLASHINFER_PREFILL_PLAIN_LOOP
+#define FLASHINFER_PREFILL_PLAIN_LOOP 0
+#endif
+
 namespace flashinfer {
 namespace attention {
 namespace detail {
@@ -98,6 +104,12 @@ FLASHINFER_DEVICE float fast_exp2(float x) {
 }
 
 }  // namespace detail
+
+// A compile-time bool as a value (a generic lambda's template argument).
+template <bool B>
+struct BoolTag {
+  static constexpr bool value = B;
+};
 
 // kMT: 16-row M tiles per warp (prefill_m_tiles): each K / V fragment read from shared memory
 // feeds kMT MMAs.
@@ -266,7 +278,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   const int64_t w_last = w_pr0 + kWarpRows - 1 < rows ? w_pr0 + kWarpRows - 1 : rows - 1;
   const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
 
-  for (int64_t it = 0; it < n_tiles; ++it) {
+  // One key tile: kMasked (a BoolTag) compiles the per-key masking path in; tiles that every
+  // row sees whole (prefill_plain_tiles) run without it, so the main loop needs fewer registers.
+  auto tile_step = [&](auto masked_tag, int64_t it) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
     const int64_t kv0 = kv_first + it * kKeys;
     if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
     cp_async::commit();
@@ -312,9 +327,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
     // custom mask) the general path, key indices in 32 bits (validate()).
-    const bool full = kv0 + kKeys <= kv_len && !p.mask &&
-                      !(p.causal && kv0 + kKeys - 1 > w_tok_lo + delta) &&
-                      !(p.window_left >= 0 && kv0 < w_tok_hi + delta - p.window_left);
+    const bool full = !kMasked || (kv0 + kKeys <= kv_len && !p.mask &&
+                                   !(p.causal && kv0 + kKeys - 1 > w_tok_lo + delta) &&
+                                   !(p.window_left >= 0 && kv0 < w_tok_hi + delta - p.window_left));
     // mul: with kFusedScale a plain tile keeps its raw scores and the scale goes into the max and
     // into exp2's argument (one FFMA); 1 where the scores are scaled here.
     float mul = 1.f;
@@ -329,7 +344,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           for (int e = 0; e < 4; ++e) sc[mt][n][e] *= s_scale;
         }
       }
-    } else {
+    } else if constexpr (kMasked) {
       // Per row: the visible keys [lo, hi) (window, causal, kv_len), its ALiBi slope, and
       // with a custom mask the row's first bit; then one select per score.
       const int j0 = static_cast<int>(kv0) + tig * 2;
@@ -422,7 +437,22 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       if (tid < kKeys && it + 2 < n_tiles) set_row(static_cast<int>(it & 1), kv0 + 2 * kKeys, tid, next_id);
     }
     __syncthreads();  // the stage is refilled by the next iteration's copies
+  };
+#if FLASHINFER_PREFILL_PLAIN_LOOP
+  const TileRange pl = plain ? prefill_plain_tiles(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left,
+                                                   p.mask != nullptr, kv_first, n_tiles)
+                             : TileRange{0, 0};
+  for (int64_t it = 0; it < n_tiles;) {
+    if (it == pl.begin && pl.end > pl.begin) {
+      for (; it < pl.end; ++it) tile_step(BoolTag<false>{}, it);
+    } else {
+      tile_step(BoolTag<true>{}, it);
+      ++it;
+    }
   }
+#else
+  for (int64_t it = 0; it < n_tiles; ++it) tile_step(BoolTag<true>{}, it);
+#endif
   cp_async::wait(0);
 
   // Epilogue: o / d (times v_scale), lse = m + log2(d); a row with no key: o = 0, lse = -inf.

@@ -162,6 +162,31 @@ FLASHINFER_HOST_DEVICE KeyRange prefill_key_range(int64_t pr_begin, int64_t pr_e
   return {begin, end};
 }
 
+// The key tiles (kPrefillKeys keys from kv_first + i * kPrefillKeys, i in [0, n_tiles)) that
+// every row of packed rows [pr_begin, pr_end) sees whole: inside kv_len, at or below the first
+// row's causal diagonal, at or past the last row's window edge. They form one run [begin, end)
+// (empty: end == begin), which the kernel runs without per-key masking. A custom mask leaves no
+// such tile (has_mask).
+struct TileRange {
+  int64_t begin, end;
+};
+FLASHINFER_HOST_DEVICE TileRange prefill_plain_tiles(int64_t pr_begin, int64_t pr_end, int group, int64_t qo_len,
+                                                     int64_t kv_len, bool causal, int window_left, bool has_mask,
+                                                     int64_t kv_first, int64_t n_tiles) {
+  if (has_mask || n_tiles <= 0 || pr_end <= pr_begin) return {0, 0};
+  auto floor_div = [](int64_t a, int64_t b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); };  // b > 0
+  const int64_t t_lo = pr_begin / group, t_hi = (pr_end - 1) / group, delta = kv_len - qo_len;
+  int64_t last = kv_len - 1;  // the last key every row sees
+  if (causal && t_lo + delta < last) last = t_lo + delta;
+  int64_t end = floor_div(last + 1 - kv_first, kPrefillKeys), begin = 0;
+  if (window_left >= 0) begin = -floor_div(kv_first - (t_hi + delta - window_left), kPrefillKeys);  // (ceil)
+  if (begin < 0) begin = 0;
+  if (begin > n_tiles) begin = n_tiles;
+  if (end > n_tiles) end = n_tiles;
+  if (end < begin) end = begin;
+  return {begin, end};
+}
+
 // Grid: row tiles of prefill_rows packed rows (x) x KV heads (y).
 struct PrefillGrid {
   int64_t row_tiles;

@@ -62,6 +62,40 @@ void test_key_range() {
   }
 }
 
+// prefill_plain_tiles: exactly the key tiles of the row range's [begin, end) range (from
+// prefill_key_range, as the kernel forms it) that every one of its rows sees whole.
+void test_plain_tiles() {
+  for (int64_t qo_len : {1, 5, 64, 70, 130, 300}) {
+    for (int64_t kv_len : {0, 1, 37, 64, 130, 300, 500}) {
+      for (int group : {1, 3, 4}) {
+        for (bool causal : {false, true}) {
+          for (int wl : {-1, 0, 5, 63, 64, 100}) {
+            for (bool mask : {false, true}) {
+              const int64_t rows = qo_len * group;
+              for (int64_t pr0 = 0; pr0 < rows; pr0 += prefill_rows(1)) {
+                const int64_t pr1 = std::min(rows, pr0 + prefill_rows(1 + (pr0 / prefill_rows(1)) % 2));
+                const KeyRange r = prefill_key_range(pr0, pr1, group, qo_len, kv_len, causal, wl, mask);
+                const int64_t kv_first = r.begin / kPrefillKeys * kPrefillKeys;
+                const int64_t n_tiles = r.end > kv_first ? (r.end - kv_first + kPrefillKeys - 1) / kPrefillKeys : 0;
+                const TileRange pl =
+                    prefill_plain_tiles(pr0, pr1, group, qo_len, kv_len, causal, wl, mask, kv_first, n_tiles);
+                CHECK(pl.begin >= 0 && pl.begin <= pl.end && pl.end <= std::max<int64_t>(n_tiles, 0));
+                for (int64_t i = 0; i < n_tiles; ++i) {
+                  bool whole = !mask;
+                  for (int64_t pr = pr0; pr < pr1 && whole; ++pr)
+                    for (int64_t j = kv_first + i * kPrefillKeys; j < kv_first + (i + 1) * kPrefillKeys && whole; ++j)
+                      whole = j < kv_len && visible(pr / group, j, qo_len, kv_len, causal, wl);
+                  CHECK(whole == (i >= pl.begin && i < pl.end));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 void test_grid_and_smem() {
   CHECK(prefill_rows(1) == 64 && prefill_rows(2) == 128 && prefill_rows(2) == kPrefillMaxRows);
   CHECK(prefill_grid(1, 32, 8, 1).row_tiles == 1 && prefill_grid(1, 32, 8, 1).kv_heads == 8);
@@ -224,6 +258,7 @@ void test_mla_split() {
 
 int main() {
   test_key_range();
+  test_plain_tiles();
   test_grid_and_smem();
   test_plan_batch();
   test_validate();
