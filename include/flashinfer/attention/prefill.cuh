@@ -24,9 +24,21 @@
 #endif
 
 // Tiles that every row of a CTA sees whole in a loop of their own, compiled without per-key
-// masking (prefill_plain_tiles): 1, or 0 for one loop over all tiles.
+// masking (prefill_plain_tiles): -1 (default) single-request kernels, 1 all, 0 none (one loop
+// over all tiles). H200 A/B (benchmarks/NOTES.md, session 20): single prefill head_dim 64 4096
+// causal 320 -> 306 us, head_dim 128 16384 causal 6615 -> 6569; batch kernels slower with it
+// (paged 32 x 512 558 -> 678, ragged 8 x 2048 1028 -> 1057: two loop bodies of code).
 #ifndef FLASHINFER_PREFILL_PLAIN_LOOP
-#define FLASHINFER_PREFILL_PLAIN_LOOP 0
+#define FLASHINFER_PREFILL_PLAIN_LOOP -1
+#endif
+// MLA CTAs' two warp groups split each tile's scores by keys (1) instead of both computing all of
+// them (0): each group computes 32 keys' scores of the 64 rows, the row maxima meet in shared
+// memory, and P goes through shared memory (a [64 x 64] tile) to both groups' P V.
+#ifndef FLASHINFER_MLA_SPLIT_S
+#define FLASHINFER_MLA_SPLIT_S 0
+#endif
+#ifndef FLASHINFER_MLA_SPLIT_S_UNROLL
+#define FLASHINFER_MLA_SPLIT_S_UNROLL 4
 #endif
 
 namespace flashinfer {
@@ -145,6 +157,15 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
                        ? 0
                        : static_cast<int>(blockIdx.z) * kVoGroups + (kVoGroups > 1 ? (tid >> 5) / kPrefillWarps : 0);
   const int v_chunk0 = kMla ? part * (kDVO / 8) : 0;
+  // MLA split scores: warp group vg computes keys [kSKeys * vg, kSKeys * vg + kSKeys) of each
+  // tile (kSNT 8-key score tiles); sP holds the tile's P (64 rows x 64 keys, swizzled like a
+  // 128-byte-row tile) and sMax each group's row maxima, then (epilogue) its row sums.
+  constexpr bool kSplitS = kMla && FLASHINFER_MLA_SPLIT_S != 0;
+  constexpr int kSKeys = kSplitS ? kPrefillKeys / kVoGroups : kPrefillKeys, kSNT = kSKeys / 8;
+  const int vg = kSplitS ? (tid >> 5) / kPrefillWarps : 0;
+  constexpr int kSUnroll = FLASHINFER_MLA_SPLIT_S_UNROLL;
+  __shared__ __align__(16) char sP[kSplitS ? kPrefillMaxRows / 2 * kPrefillKeys * 2 : 16];
+  __shared__ float sMax[kSplitS ? kVoGroups : 1][kSplitS ? kPrefillMaxRows / 2 : 1];
   const int grp = lane >> 2, tig = lane & 3;
   const int group = p.num_qo_heads / p.num_kv_heads, kv_head = blockIdx.y;
   pdl_wait();  // (the batch's index arrays may come from the previous kernel)
@@ -296,15 +317,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       if (tid < kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, tid);
     }
 
-    // S = Q K^T: kMT x 16 rows x kKeys keys per warp.
-    float sc[kMT][kNT][4];
+    // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
+    float sc[kMT][kSNT][4];
     FLASHINFER_UNROLL
     for (int mt = 0; mt < kMT; ++mt) {
       FLASHINFER_UNROLL
-      for (int n = 0; n < kNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
+      for (int n = 0; n < kSNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
     }
-    FLASHINFER_UNROLL
-    for (int kstep = 0; kstep < kDQK / 16; ++kstep) {
+    auto qk_step = [&](int kstep) {
       uint32_t a[kMT][4];
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt)
@@ -312,9 +332,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
                                                                      ((lane >> 3) & 1) * 8,
                                                                  2 * kstep + (lane >> 4)));
       FLASHINFER_UNROLL
-      for (int np = 0; np < kNT / 2; ++np) {
+      for (int np = 0; np < kSNT / 2; ++np) {
         uint32_t b[4];
-        mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(np * 16 + (lane & 7) + (lane >> 4) * 8,
+        mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(kSKeys * vg + np * 16 + (lane & 7) + (lane >> 4) * 8,
                                                              2 * kstep + ((lane >> 3) & 1)));
         FLASHINFER_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
@@ -322,6 +342,15 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
         }
       }
+    };
+    if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
+#if defined(__CUDA_ARCH__)
+#pragma unroll(kSUnroll)
+#endif
+      for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
+    } else {
+      FLASHINFER_UNROLL
+      for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
     }
 
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
@@ -339,7 +368,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
-        for (int n = 0; n < kNT; ++n) {
+        for (int n = 0; n < kSNT; ++n) {
           FLASHINFER_UNROLL
           for (int e = 0; e < 4; ++e) sc[mt][n][e] *= s_scale;
         }
@@ -347,7 +376,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     } else if constexpr (kMasked) {
       // Per row: the visible keys [lo, hi) (window, causal, kv_len), its ALiBi slope, and
       // with a custom mask the row's first bit; then one select per score.
-      const int j0 = static_cast<int>(kv0) + tig * 2;
+      const int j0 = static_cast<int>(kv0) + kSKeys * vg + tig * 2;
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
@@ -361,7 +390,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           const float slope = p.alibi ? detail::alibi_slope(head, p.num_qo_heads) * detail::kLog2e : 0.f;
           const int64_t mbase = mask_bit0 + int64_t{t} * kv_len32;
           FLASHINFER_UNROLL
-          for (int n = 0; n < kNT; ++n) {
+          for (int n = 0; n < kSNT; ++n) {
             FLASHINFER_UNROLL
             for (int e = 0; e < 2; ++e) {
               const int j = j0 + n * 8 + e;
@@ -377,23 +406,38 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
     }
 
-    // Online softmax per row; the row's 4 lanes (one quad) share its max.
+    // Online softmax per row; the row's 4 lanes (one quad) share its max (split scores: and the
+    // other warp group's, through sMax).
+    float mxs[kMT][2];
     FLASHINFER_UNROLL
     for (int mt = 0; mt < kMT; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         float mx = neg_inf();
         FLASHINFER_UNROLL
-        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
+        for (int n = 0; n < kSNT; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)) * mul;
-        const float m_new = fmaxf(m[mt][h], mx);
+        mxs[mt][h] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)) * mul;
+      }
+    }
+    if constexpr (kSplitS) {
+      const int r = warp * 16 + grp;
+      if (tig == 0) sMax[vg][r] = mxs[0][0], sMax[vg][r + 8] = mxs[0][1];
+      __syncthreads();
+      mxs[0][0] = fmaxf(mxs[0][0], sMax[1 - vg][r]);
+      mxs[0][1] = fmaxf(mxs[0][1], sMax[1 - vg][r + 8]);
+    }
+    FLASHINFER_UNROLL
+    for (int mt = 0; mt < kMT; ++mt) {
+      FLASHINFER_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[mt][h], mxs[mt][h]);
         const float base = m_new == neg_inf() ? 0.f : m_new;  // nothing seen yet: every p is 0
         const float alpha = detail::fast_exp2(m[mt][h] - base);
         m[mt][h] = m_new;
         float sum = 0.f;
         FLASHINFER_UNROLL
-        for (int n = 0; n < kNT; ++n) {
+        for (int n = 0; n < kSNT; ++n) {
           FLASHINFER_UNROLL
           for (int e = 0; e < 2; ++e) {
             const float pv = detail::fast_exp2(fmaf(sc[mt][n][2 * h + e], mul, -base));
@@ -410,16 +454,34 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
     }
 
+    // Split scores: this group's P into sP (row r, key kSKeys * vg + 8 n + 2 tig), read back by
+    // both groups as A fragments.
+    if constexpr (kSplitS) {
+      static_assert(kMT == 1, "split scores: one M tile");
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kSNT; ++n) {
+        FLASHINFER_UNROLL
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<uint32_t*>(sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + grp + 8 * h, kSNT * vg + n) +
+                                       4 * tig) = mma::pack2<T>(sc[0][n][2 * h], sc[0][n][2 * h + 1]);
+      }
+      __syncthreads();
+    }
     // O += P V: the score accumulators of keys 16 kk .. 16 kk + 15 are the A fragment of k-step kk.
     FLASHINFER_UNROLL
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       uint32_t a[kMT][4];
-      FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
-        a[mt][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
-        a[mt][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
-        a[mt][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
-        a[mt][3] = mma::pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+      if constexpr (kSplitS) {
+        mma::ldmatrix_x4(a[0], sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                                   2 * kk + (lane >> 4)));
+      } else {
+        FLASHINFER_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          a[mt][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+          a[mt][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+          a[mt][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+          a[mt][3] = mma::pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+        }
       }
       FLASHINFER_UNROLL
       for (int dp = 0; dp < kDVO / 16; ++dp) {
@@ -438,23 +500,39 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     }
     __syncthreads();  // the stage is refilled by the next iteration's copies
   };
-#if FLASHINFER_PREFILL_PLAIN_LOOP
-  const TileRange pl = plain ? prefill_plain_tiles(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left,
-                                                   p.mask != nullptr, kv_first, n_tiles)
-                             : TileRange{0, 0};
-  for (int64_t it = 0; it < n_tiles;) {
-    if (it == pl.begin && pl.end > pl.begin) {
-      for (; it < pl.end; ++it) tile_step(BoolTag<false>{}, it);
-    } else {
-      tile_step(BoolTag<true>{}, it);
-      ++it;
+  constexpr bool kPlainLoop =
+      FLASHINFER_PREFILL_PLAIN_LOOP < 0 ? kMode == PrefillMode::kSingle : FLASHINFER_PREFILL_PLAIN_LOOP != 0;
+  if constexpr (kPlainLoop) {
+    const TileRange pl = plain ? prefill_plain_tiles(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left,
+                                                     p.mask != nullptr, kv_first, n_tiles)
+                               : TileRange{0, 0};
+    for (int64_t it = 0; it < n_tiles;) {
+      if (it == pl.begin && pl.end > pl.begin) {
+        for (; it < pl.end; ++it) tile_step(BoolTag<false>{}, it);
+      } else {
+        tile_step(BoolTag<true>{}, it);
+        ++it;
+      }
     }
+  } else {
+    for (int64_t it = 0; it < n_tiles; ++it) tile_step(BoolTag<true>{}, it);
   }
-#else
-  for (int64_t it = 0; it < n_tiles; ++it) tile_step(BoolTag<true>{}, it);
-#endif
   cp_async::wait(0);
 
+  // Split scores: each group's d sums its own keys' p; the other group's row sums via sMax.
+  [[maybe_unused]] float d_other[2] = {0.f, 0.f};
+  if constexpr (kSplitS) {
+    FLASHINFER_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float q = d[0][h];
+      q += __shfl_xor_sync(0xffffffffu, q, 1);
+      q += __shfl_xor_sync(0xffffffffu, q, 2);
+      if (tig == 0) sMax[vg][warp * 16 + grp + 8 * h] = q;
+    }
+    __syncthreads();
+    d_other[0] = sMax[1 - vg][warp * 16 + grp];
+    d_other[1] = sMax[1 - vg][warp * 16 + grp + 8];
+  }
   // Epilogue: o / d (times v_scale), lse = m + log2(d); a row with no key: o = 0, lse = -inf.
   FLASHINFER_UNROLL
   for (int mt = 0; mt < kMT; ++mt) {
@@ -463,6 +541,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       float den = d[mt][h];
       den += __shfl_xor_sync(0xffffffffu, den, 1);
       den += __shfl_xor_sync(0xffffffffu, den, 2);
+      if constexpr (kSplitS) den += d_other[h];
       const int64_t pr = row_of(mt, h);
       if (pr >= rows) continue;
       const int64_t t = pr / group;
