@@ -31,11 +31,13 @@
 #ifndef FLASHINFER_PREFILL_PLAIN_LOOP
 #define FLASHINFER_PREFILL_PLAIN_LOOP -1
 #endif
-// MLA CTAs' two warp groups split each tile's scores by keys (1) instead of both computing all of
-// them (0): each group computes 32 keys' scores of the 64 rows, the row maxima meet in shared
-// memory, and P goes through shared memory (a [64 x 64] tile) to both groups' P V.
+// MLA CTAs' two warp groups split each tile's scores by keys (1, default) instead of both
+// computing all of them (0): each group computes 32 keys' scores of the 64 rows, the row maxima
+// meet in shared memory, and P goes through shared memory (a [64 x 64] tile) to both groups'
+// P V. H200, bf16, 128 heads, 4096 keys, us (NOTES, session 20): batch 1 45.2 -> 41.6, 16
+// 134.0 -> 123.7, 64 452.8 -> 411.6, 132 885 -> 806, 16 x 17 causal 2179 -> 1971.
 #ifndef FLASHINFER_MLA_SPLIT_S
-#define FLASHINFER_MLA_SPLIT_S 0
+#define FLASHINFER_MLA_SPLIT_S 1
 #endif
 #ifndef FLASHINFER_MLA_SPLIT_S_UNROLL
 #define FLASHINFER_MLA_SPLIT_S_UNROLL 4
@@ -73,34 +75,53 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
   }
 }
 
-// The same for a paged cache, from a table of element offsets: row r at base + off[2 r] (the
-// second entry of a pair: base2's row, for chunks from kSplit on), a negative offset a zero row.
-// Where the threads divide into whole rows, each thread keeps one chunk and steps through rows:
-// a copy is a shared load, an add and the copy. (H200, bf16, 32 / 8 heads x 128, causal, page
-// 16: 8 x 2048 tokens 1389 -> 1295 us, 32 x 512 578 -> 557 against a (page, entry) table whose
-// copies multiplied by the strides; MLA batch 64 x 4096 keys 499 -> 448.)
-template <int kRowBytes, int kKeys, int kSplit = kRowBytes / 16, int kThreads = kPrefillThreads, typename T>
-FLASHINFER_DEVICE void prefill_load_offset_rows(char* dst, const T* base, const int64_t* off,
-                                                const T* base2 = nullptr) {
-  constexpr int kChunks = kRowBytes / 16;
-  if constexpr (kSplit == kChunks && kThreads % kChunks == 0 && kKeys % (kThreads / kChunks) == 0) {
-    constexpr int kStep = kThreads / kChunks;  // rows per pass
-    const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+// The same for a paged cache, from a table of row byte addresses: chunks [kCol0, kCol0 + kCols)
+// of row r come from the row at addr[2 r] (from its first byte), bit 0 set: a zero row (the
+// address itself stays a valid one). byte_off is added to every address (a part's columns).
+// Where the threads divide into whole rows, each thread keeps one chunk and steps through rows: a
+// copy is a shared load, two logic ops, an add and the copy. (H200, bf16, 32 / 8 heads x 128,
+// causal, page 16: element offsets instead of a (page, entry) table took 8 x 2048 tokens from
+// 1389 to 1295 us; ncu then still counted 17% more instructions than ragged keys, most of them
+// turning a signed offset into an address and a copy size.)
+template <int kRowBytes, int kKeys, int kCol0 = 0, int kCols = kRowBytes / 16, int kThreads = kPrefillThreads>
+FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, int64_t byte_off = 0) {
+  static_assert(kCol0 + kCols <= kRowBytes / 16, "chunks of the row");
+  if constexpr (kThreads % kCols == 0 && kKeys % (kThreads / kCols) == 0) {
+    constexpr int kStep = kThreads / kCols;  // rows per pass
+    const int c = threadIdx.x % kCols, r0 = threadIdx.x / kCols;
+    const uint64_t add = static_cast<uint64_t>(byte_off + c * 16);
     FLASHINFER_UNROLL
     for (int i = 0; i < kKeys / kStep; ++i) {
       const int r = r0 + i * kStep;
-      const int64_t o = off[2 * r];
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), base + (o >= 0 ? o : 0) + c * 8, o >= 0);
+      const uint64_t a = addr[2 * r];
+      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, kCol0 + c),
+                               reinterpret_cast<const void*>((a & ~uint64_t{1}) + add), (a & 1) == 0);
     }
   } else {
     FLASHINFER_UNROLL
-    for (int i = threadIdx.x; i < kKeys * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool second = c >= kSplit;
-      const int64_t o = off[2 * r + (second ? 1 : 0)];
-      const T* src = second ? base2 + (c - kSplit) * 8 : base + c * 8;
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), src + (o >= 0 ? o : 0), o >= 0);
+    for (int i = threadIdx.x; i < kKeys * kCols; i += kThreads) {
+      const int r = i / kCols, c = i % kCols;
+      const uint64_t a = addr[2 * r];
+      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, kCol0 + c),
+                               reinterpret_cast<const void*>((a & ~uint64_t{1}) + static_cast<uint64_t>(byte_off + c * 16)),
+                               (a & 1) == 0);
     }
+  }
+}
+
+// K and V rows of one size from the same table: one 16-byte shared load gives a row's two addresses.
+template <int kRowBytes, int kKeys>
+FLASHINFER_DEVICE void prefill_load_kv_addr_rows(char* dst_k, char* dst_v, const uint64_t* addr) {
+  constexpr int kChunks = kRowBytes / 16, kStep = kPrefillThreads / kChunks;
+  static_assert(kPrefillThreads % kChunks == 0 && kKeys % kStep == 0, "whole rows per pass");
+  const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+  FLASHINFER_UNROLL
+  for (int i = 0; i < kKeys / kStep; ++i) {
+    const int r = r0 + i * kStep;
+    const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(addr + 2 * r);
+    const int off = mma::swizzle_offset<kRowBytes>(r, c);
+    cp_async::copy16_or_zero(dst_k + off, reinterpret_cast<const void*>((a.x & ~uint64_t{1}) + c * 16), (a.x & 1) == 0);
+    cp_async::copy16_or_zero(dst_v + off, reinterpret_cast<const void*>((a.y & ~uint64_t{1}) + c * 16), (a.y & 1) == 0);
   }
 }
 
@@ -144,7 +165,6 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr int kThreads = prefill_threads(kVO), kVoGroups = kThreads / kPrefillThreads;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
-  constexpr int kNT = kKeys / 8;                    // 8-key score tiles
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
   FLASHINFER_EXTERN_SHARED uint4 prefill_smem[];
   char* sQ = reinterpret_cast<char*>(prefill_smem);
@@ -231,27 +251,33 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
-  // Paged: the element offsets of every key row of a stage's tile in K and V (MLA: in the ckv and
-  // kpe caches), written a tile ahead, so the copies issue without a dependent index load; -1: a
-  // zero row (past kv_len, or a page id outside the cache). page_id / set_row: the id load
-  // (early) and the table entry (late).
-  __shared__ int64_t page_off[kPaged ? 2 : 1][kPaged ? kKeys : 1][2];
+  // Paged: the byte addresses of every key row of a stage's tile in K and V (MLA: in the ckv and
+  // kpe caches), written a tile ahead, so the copies issue without a dependent index load; bit 0
+  // set: a zero row (past kv_len, or a page id outside the cache). page_id / set_row: the id load
+  // (early) and the table entry (late); threads 0 .. 2 kKeys - 1 fill entry tid / kKeys of row
+  // tid % kKeys.
+  __shared__ __align__(16) uint64_t page_addr[kPaged ? 2 : 1][kPaged ? kKeys : 1][2];
   auto page_id = [&](int64_t kv0, int r) -> int {
     if (kv0 + r >= kv_len) return -1;
     const int64_t id = p.page_indices[kv_base + static_cast<int>(kv0 + r) / p.page_size];  // (keys < 2^31)
     return id >= 0 && id < p.num_pages ? static_cast<int>(id) : -1;
   };
-  auto set_row = [&](int stage, int64_t kv0, int r, int id) {
-    const int64_t e = static_cast<int>(kv0 + r) % p.page_size;
-    const int64_t v_page = kMla ? p.kr_stride_page : p.v_stride_page, v_n = kMla ? p.kr_stride_n : p.v_stride_n;
-    page_off[stage][r][0] = id < 0 ? -1 : id * p.k_stride_page + e * p.k_stride_n;
-    page_off[stage][r][1] = id < 0 ? -1 : id * v_page + e * v_n;
+  const int row_r = tid % kKeys, row_which = tid / kKeys;  // (the table entry this thread fills)
+  auto set_row = [&](int stage, int64_t kv0, int id) {
+    const int64_t e = static_cast<int>(kv0 + row_r) % p.page_size;
+    const T* base = row_which == 0 ? p.k + int64_t{kv_head} * p.k_stride_h
+                    : kMla         ? p.k_rope
+                                   : p.v + int64_t{kv_head} * p.v_stride_h;
+    const int64_t sp = row_which == 0 ? p.k_stride_page : kMla ? p.kr_stride_page : p.v_stride_page;
+    const int64_t sn = row_which == 0 ? p.k_stride_n : kMla ? p.kr_stride_n : p.v_stride_n;
+    page_addr[stage][row_r][row_which] = id < 0 ? reinterpret_cast<uint64_t>(base) | 1
+                                               : reinterpret_cast<uint64_t>(base + id * sp + e * sn);
   };
   if constexpr (kPaged) {
-    if (tid < kKeys) {
+    if (tid < 2 * kKeys) {
       for (int s = 0; s < 2 && s < n_tiles; ++s) {
         const int64_t kv0 = kv_first + s * kKeys;
-        set_row(s, kv0, tid, page_id(kv0, tid));
+        set_row(s, kv0, page_id(kv0, row_r));
       }
     }
     __syncthreads();
@@ -259,14 +285,19 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
   auto load_kv = [&](int stage, int64_t kv0) {
     if constexpr (kMla) {  // [ckv || kpe] rows; V is the K tile
-      detail::prefill_load_offset_rows<kRowQK, kKeys, kMlaHeadDimCkv / 8, kThreads>(
-          sK + stage * kKeys * kRowQK, p.k, &page_off[stage][0][0], p.k_rope);
+      constexpr int kCkv = kMlaHeadDimCkv / 8;  // (16-byte chunks)
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kCkv, kThreads>(sK + stage * kKeys * kRowQK,
+                                                                       &page_addr[stage][0][0]);
+      if constexpr (kDQK > kMlaHeadDimCkv)
+        detail::prefill_load_addr_rows<kRowQK, kKeys, kCkv, kDQK / 8 - kCkv, kThreads>(sK + stage * kKeys * kRowQK,
+                                                                                     &page_addr[stage][0][1]);
+    } else if constexpr (kPaged && kRowQK == kRowVO && kVO == PrefillVO::kWhole) {
+      detail::prefill_load_kv_addr_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
+                                                       &page_addr[stage][0][0]);
     } else if constexpr (kPaged) {
-      detail::prefill_load_offset_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
-                                                      p.k + int64_t{kv_head} * p.k_stride_h, &page_off[stage][0][0]);
-      detail::prefill_load_offset_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO,
-                                                      p.v + int64_t{kv_head} * p.v_stride_h + part * kDVO,
-                                                      &page_off[stage][0][1]);
+      detail::prefill_load_addr_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, &page_addr[stage][0][0]);
+      detail::prefill_load_addr_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, &page_addr[stage][0][1],
+                                                    int64_t{part} * kDVO * 2);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
       detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
@@ -314,7 +345,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     // (its copies have been issued; the loop's last barrier publishes the table).
     [[maybe_unused]] int next_id = -1;
     if constexpr (kPaged) {
-      if (tid < kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, tid);
+      if (tid < 2 * kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, row_r);
     }
 
     // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
@@ -496,7 +527,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
     }
     if constexpr (kPaged) {
-      if (tid < kKeys && it + 2 < n_tiles) set_row(static_cast<int>(it & 1), kv0 + 2 * kKeys, tid, next_id);
+      if (tid < 2 * kKeys && it + 2 < n_tiles) set_row(static_cast<int>(it & 1), kv0 + 2 * kKeys, next_id);
     }
     __syncthreads();  // the stage is refilled by the next iteration's copies
   };
