@@ -80,9 +80,9 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
 // address itself stays a valid one). byte_off is added to every address (a part's columns).
 // Where the threads divide into whole rows, each thread keeps one chunk and steps through rows: a
 // copy is a shared load, two logic ops, an add and the copy. (H200, bf16, 32 / 8 heads x 128,
-// causal, page 16: element offsets instead of a (page, entry) table took 8 x 2048 tokens from
-// 1389 to 1295 us; ncu then still counted 17% more instructions than ragged keys, most of them
-// turning a signed offset into an address and a copy size.)
+// causal, page 16, 8 x 2048 tokens: a (page, entry) table 1389 us, signed element offsets 1295 /
+// 1271, whose copies ncu counted 17% more instructions than ragged keys', this table 1193; 32 x
+// 512: 578, 557 / 559, 511. Ragged keys: 1030 / 485.)
 template <int kRowBytes, int kKeys, int kCol0 = 0, int kCols = kRowBytes / 16, int kThreads = kPrefillThreads>
 FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, int64_t byte_off = 0) {
   static_assert(kCol0 + kCols <= kRowBytes / 16, "chunks of the row");
