@@ -101,9 +101,8 @@ FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, i
     FLASHINFER_UNROLL
     for (int i = threadIdx.x; i < kKeys * kCols; i += kThreads) {
       const int r = i / kCols, c = i % kCols;
-      const uint64_t a = addr[2 * r];
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, kCol0 + c),
-                               reinterpret_cast<const void*>((a & ~uint64_t{1}) + static_cast<uint64_t>(byte_off + c * 16)),
+      const uint64_t a = addr[2 * r], src = (a & ~uint64_t{1}) + static_cast<uint64_t>(byte_off + c * 16);
+      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, kCol0 + c), reinterpret_cast<const void*>(src),
                                (a & 1) == 0);
     }
   }
