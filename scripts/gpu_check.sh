@@ -4,7 +4,11 @@
 # $OUT (default ./out). Extra bench cases: BENCH_ARGS="--testlist file". PYTEST_EXTRA adds pytest
 # arguments ("-n 14"), PYTEST_PATHS picks test files, SKIP_BENCH=1 / FLASHINFER_TEST_NO_CPP=1
 # skip parts: the whole suite needs ~470 s at -n 14 on the H200, so within a 600 s call split it
-# (benchmarks/NOTES.md, session 19).
+# (benchmarks/NOTES.md, session 19), or run it alone with PYTEST_FIRST (the files to run first, e.g.
+# those of the kernels that changed; every other tests/python file follows) and PYTEST_TIMEOUT
+# (seconds; pytest is interrupted and still prints its counts): session 20's whole-suite call was
+#   PYTEST_FIRST="tests/python/test_batch_prefill.py ..." PYTEST_TIMEOUT=455 PYTEST_EXTRA="-n 15" \
+#     FLASHINFER_TEST_NO_CPP=1 SKIP_BENCH=1 bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -27,6 +31,10 @@ build_s=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
 python3 scripts/ptxas_report.py < "$OUT/build.log" > "$OUT/ptxas.txt" 2>&1
 ptxas_rc=$?
 
+if [ -n "${PYTEST_FIRST:-}" ]; then
+  rest=$(ls tests/python/test_*.py | grep -v -x -F "$(printf '%s\n' $PYTEST_FIRST)")
+  export PYTEST_PATHS="$PYTEST_FIRST $(echo $rest)"
+fi
 echo "== tests"
 FLASHINFER_TEST_NO_DEPS=1 FLASHINFER_TEST_NO_BUILD=1 PYTEST_ARGS="--junitxml=$OUT/pytest.xml ${PYTEST_EXTRA:-}" bash scripts/test.sh > "$OUT/tests.log" 2>&1
 test_rc=$?

@@ -6,6 +6,7 @@
 #   FLASHINFER_TEST_NO_CPP=1    skip the C++ part (ctest and the example), e.g. to fit a time limit
 #   FLASHINFER_TEST_NO_BUILD=1  skip the package build (already installed, e.g. by gpu_check.sh)
 #   PYTEST_PATHS="tests/python/test_a.py ..."  the pytest files (default: tests/python)
+#   PYTEST_TIMEOUT=<s>          interrupt pytest (SIGINT) after s seconds: it still prints its counts
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -57,7 +58,8 @@ else
 fi
 set +e
 echo "== pytest"
-$PY -m pytest ${PYTEST_PATHS:-tests/python} -q -rs --durations=15 ${PYTEST_ARGS:-}
+${PYTEST_TIMEOUT:+timeout -s INT $PYTEST_TIMEOUT} $PY -m pytest ${PYTEST_PATHS:-tests/python} -q -rs --durations=15 \
+  ${PYTEST_ARGS:-}
 py_rc=$?
 set -e
 echo "ctest rc=$ctest_rc example rc=$ex_rc pytest rc=$py_rc"
