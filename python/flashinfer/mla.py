@@ -20,7 +20,7 @@ import numpy as np
 from . import _prefill
 from ._ext import framework_of, to_dlpack
 from .decode import _dtype_name, _host_ints, _torch
-from .prefill import (_LN2, _TILE_ROWS, _BatchPrefillBase, _check_indptr, _check_output, _dtype_of,
+from .prefill import (_LN2, _TILE_ROWS, _BatchPrefillBase, _check_indptr, _check_output,
                       _host_indptrs, _num_sms, _pad_items)
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
@@ -247,10 +247,10 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         n, h, dkpe = self._total_q, self._num_heads, self._head_dim_kpe
         is_torch = type(q_nope) is self._tensor_type
         fw = framework_of(q_nope, "q_nope")
-        self._check_q(q_nope, "q_nope", (n, h, _HEAD_DIM_CKV), is_torch)
+        self._check_q(q_nope, "q_nope", (n, h, _HEAD_DIM_CKV))
         self._check_cache(ckv_cache, "ckv_cache", _HEAD_DIM_CKV)
         if dkpe:
-            self._check_q(q_pe, "q_pe", (n, h, dkpe), is_torch)
+            self._check_q(q_pe, "q_pe", (n, h, dkpe))
             self._check_cache(kpe_cache, "kpe_cache", dkpe)
             if _shape(kpe_cache)[0] != _shape(ckv_cache)[0]:
                 raise ValueError(f"kpe_cache has {_shape(kpe_cache)[0]} pages; ckv_cache has {_shape(ckv_cache)[0]}")
@@ -290,17 +290,11 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
                 fw.scale_(lse, _LN2)
         return (out, lse) if return_lse else out
 
-    def _check_q(self, t: Any, name: str, shape: tuple, is_torch: bool) -> None:
+    def _check_q(self, t: Any, name: str, shape: tuple) -> None:
         """q_nope / q_pe against the plan: dtype (FlashInfer's message) and shape."""
         if t is None:
             raise ValueError(f"{name} is required (head_dim_kpe={self._head_dim_kpe} was planned)")
-        if is_torch and type(t) is self._tensor_type:
-            if t.dtype != self._cached_q_data_type:
-                raise ValueError(f"The dtype of {name} {t.dtype} does not match the q_data_type "
-                                 f"{self._cached_q_data_type} specified in plan function.")
-        elif _dtype_of(t) != self._q_name:
-            raise ValueError(f"The dtype of {name} {_dtype_of(t)} does not match the q_data_type {self._q_name} "
-                             "specified in plan function.")
+        self._check_plan_dtype(t, name, "q")
         if _shape(t) != shape:
             raise ValueError(f"{name} must be [qo_indptr[-1], num_heads, {shape[2]}] = {list(shape)} as planned; got "
                              f"shape {_shape(t)}")
@@ -309,7 +303,7 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         """ckv_cache / kpe_cache against the plan: dtype, [num_pages, page_size, dim], enough pages."""
         if t is None:
             raise ValueError(f"{name} is required (head_dim_kpe={self._head_dim_kpe} was planned)")
-        self._check_kv_dtype(t, name)
+        self._check_plan_dtype(t, name)
         s = _shape(t)
         if len(s) != 3 or s[2] != dim:
             raise ValueError(f"{name} must be [num_pages, page_size, {dim}]; got shape {s}")

@@ -811,13 +811,7 @@ class _BatchPrefillBase:
             raise ValueError(f"{self._NAME}.run: o_data_type other than q's dtype and lse_layout='HN' are supported "
                              f"for torch tensors only; got q as {type(q).__module__}.{type(q).__name__}")
         # q against the plan (the binding checks strides, alignment, devices and k / v)
-        if is_torch:
-            if q.dtype != self._cached_q_data_type:
-                raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {self._cached_q_data_type} "
-                                 "specified in plan function.")
-        elif _dtype_of(q) != self._q_name:
-            raise ValueError(f"The dtype of q {_dtype_of(q)} does not match the q_data_type {self._q_name} specified "
-                             "in plan function.")
+        self._check_plan_dtype(q, "q", "q")
         if len(q.shape) != 3:
             raise ValueError(f"q must be 3-D [qo_indptr[-1], num_qo_heads, head_dim_qk]; got shape {tuple(q.shape)}")
         if q.shape[0] != n:
@@ -905,13 +899,17 @@ class _BatchPrefillBase:
         k_rot, _ = apply_rope_pos_ids(k_nhd, k_nhd[:, :1], k_pos, rope_scale=rs, rope_theta=rt)
         return q_rot, (k_rot.swapaxes(0, 1) if hnd else k_rot), v
 
-    def _check_kv_dtype(self, t, what: str = "k") -> None:
+    def _check_plan_dtype(self, t, what: str, kind: str = "kv") -> None:
+        """``t``'s dtype against the plan's ``q_data_type`` (kind "q") or ``kv_data_type`` (kind
+        "kv"), with FlashInfer's message."""
+        cached, name = ((self._cached_q_data_type, self._q_name) if kind == "q" else
+                        (self._cached_kv_data_type, self._kv_name))
         if type(t) is self._tensor_type:
-            if t.dtype != self._cached_kv_data_type:
-                raise ValueError(f"The dtype of {what} {t.dtype} does not match the kv_data_type "
-                                 f"{self._cached_kv_data_type} specified in plan function.")
-        elif _dtype_of(t) != self._kv_name:
-            raise ValueError(f"The dtype of {what} {_dtype_of(t)} does not match the kv_data_type {self._kv_name} "
+            if t.dtype != cached:
+                raise ValueError(f"The dtype of {what} {t.dtype} does not match the {kind}_data_type {cached} "
+                                 "specified in plan function.")
+        elif _dtype_of(t) != name:
+            raise ValueError(f"The dtype of {what} {_dtype_of(t)} does not match the {kind}_data_type {name} "
                              "specified in plan function.")
 
     def end_forward(self) -> None:
@@ -1066,8 +1064,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         if use_fp16_softmax or uses_spcompress:
             raise NotImplementedError("use_fp16_softmax / uses_spcompress are not supported")
         k_cache, v_cache = _unpack_paged_kv_cache(paged_kv_cache, self._layout)
-        self._check_kv_dtype(k_cache, "k")
-        self._check_kv_dtype(v_cache, "v")
+        self._check_plan_dtype(k_cache, "k")
+        self._check_plan_dtype(v_cache, "v")
         hn, pn = (2, 1) if self._layout == 0 else (1, 2)
         if k_cache.shape[pn] != self._page_size:
             raise ValueError(f"the cache's page_size ({k_cache.shape[pn]}) does not match the page_size of the plan "
@@ -1199,8 +1197,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             raise NotImplementedError("kv_cache_sf (NVFP4 K / V scale factors) is not supported")
         if o_scale is not None and o_scale != 1:
             raise NotImplementedError("o_scale (fp8 output) is not supported")
-        self._check_kv_dtype(k, "k")
-        self._check_kv_dtype(v, "v")
+        self._check_plan_dtype(k, "k")
+        self._check_plan_dtype(v, "v")
         if len(k.shape) != 3 or len(v.shape) != 3:
             raise ValueError(f"k and v must be 3-D; got shapes {tuple(k.shape)} and {tuple(v.shape)}")
         tn, hn = (0, 1) if self._layout == 0 else (1, 0)
