@@ -8,6 +8,8 @@
 // instruction; N = 64, 128). Every tile uses the 128-byte swizzle: 8 rows x 128 bytes per atom,
 // 16-byte chunk c of row r at chunk c ^ (r % 8), atoms of one 64-element column block stacked by
 // rows (1024 bytes per 8 rows), column blocks rows x 128 bytes apart. Exit 0: all match.
+// Session 21 on the H200: every case passes with lbo = the column-block step and sbo = 1024 for
+// the MN-major B (P from shared memory or from registers); the swapped order faults.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -119,6 +121,47 @@ __global__ void pv_kernel(const __nv_bfloat16* P, const __nv_bfloat16* V, float*
   store_acc<N>(d, O);
 }
 
+
+// O = P V with P from registers (the RS form, as a prefill kernel feeds P after its softmax):
+// warp w's fragment of k-step s is rows 16 w + grp (+8), columns 16 s + 2 tig (+1) (+8), the
+// mma.sync m16n8k16 A layout.
+template <int N>
+__device__ void wgmma_m64nNk16_rs(float* d, const uint32_t* a, uint64_t desc_b, int scale_d);
+template <>
+__device__ void wgmma_m64nNk16_rs<64>(float* d, const uint32_t* a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int N>
+__global__ void pv_rs_kernel(const __nv_bfloat16* P, const __nv_bfloat16* V, float* O, int lbo, int sbo) {
+  __shared__ __align__(1024) char sV[64 * N * 2];
+  for (int i = threadIdx.x; i < 64 * N; i += 128)
+    *reinterpret_cast<__nv_bfloat16*>(sV + sw128_offset(i / N, i % N, 64)) = V[i];
+  fence_proxy_async();
+  __syncthreads();
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  uint32_t a[4][4];
+  for (int s = 0; s < 4; ++s)
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * w + grp + (e & 1) * 8, c = 16 * s + 2 * tig + (e >> 1) * 8;
+      __nv_bfloat162 v;
+      v.x = P[r * 64 + c];
+      v.y = P[r * 64 + c + 1];
+      a[s][e] = *reinterpret_cast<uint32_t*>(&v);
+    }
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  wgmma_fence();
+  for (int s = 0; s < 4; ++s) wgmma_m64nNk16_rs<N>(d, a[s], smem_desc(sV + s * 2 * 1024, lbo, sbo), s > 0);
+  wgmma_commit();
+  wgmma_wait0();
+  store_acc<N>(d, O);
+}
+
 static std::vector<__nv_bfloat16> random_bf16(int n, std::vector<float>* f) {
   std::vector<__nv_bfloat16> v(n);
   f->resize(n);
@@ -188,6 +231,9 @@ int main() {
     const bool b = run_case(name, 64, 128, 64, false,
                             [=](auto p, auto v, auto o) { pv_kernel<128><<<1, 128>>>(p, v, o, lbo, sbo); });
     pv = pv || (a && b);
+    std::snprintf(name, sizeof(name), "O = P(regs) V, N 64, lbo %d sbo %d", lbo, sbo);
+    run_case(name, 64, 64, 64, false,
+             [=](auto p, auto v, auto o) { pv_rs_kernel<64><<<1, 128>>>(p, v, o, lbo, sbo); });
   }
   return ok && pv ? 0 : 1;
 }

@@ -13,6 +13,7 @@
 #include "../math.cuh"
 #include "../mma.cuh"
 #include "../utils.cuh"
+#include "../wgmma.cuh"
 #include "decode.cuh"
 #include "prefill.h"
 #include "state.h"
@@ -43,14 +44,29 @@
 #define FLASHINFER_MLA_SPLIT_S_UNROLL 4
 #endif
 
+// sm_90a builds (FLASHINFER_ENABLE_WGMMA, set by CMake when 9.0 is among the targets): the
+// kernels with whole V / O columns at head dims that are multiples of 64 run their two products
+// as warpgroup MMAs (wgmma.cuh) on 9.0 devices: 1 (default) on, 0 off.
+#ifndef FLASHINFER_PREFILL_WGMMA
+#define FLASHINFER_PREFILL_WGMMA 1
+#endif
+
 namespace flashinfer {
 namespace attention {
 namespace detail {
 
+// Byte offset of 16-byte chunk c of row r in a tile of kRows rows of kRowBytes bytes: the
+// mma.sync kernels' row-major XOR swizzle, or (kSw128) wgmma's 128-byte-swizzled column blocks.
+template <int kRowBytes, int kRows, bool kSw128>
+FLASHINFER_DEVICE uint32_t tile_offset(int r, int c) {
+  if constexpr (kSw128) return wgmma::sw128_offset<kRows>(r, c);
+  else return mma::swizzle_offset<kRowBytes>(r, c);
+}
+
 // Copies kKeys rows of kRowBytes bytes (row r at src + r * stride_n elements) into a
 // swizzled tile; rows >= valid become zeros. Thread t moves 16-byte chunk t % kChunks of rows
 // t / kChunks + k * (threads / kChunks), its source pointer stepping by a precomputed stride.
-template <int kRowBytes, int kKeys, typename T>
+template <int kRowBytes, int kKeys, bool kSw128 = false, typename T>
 FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride_n, int valid) {
   constexpr int kChunks = kRowBytes / 16;
   const int tid = threadIdx.x;
@@ -62,14 +78,14 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
     FLASHINFER_UNROLL
     for (int i = 0; i < kKeys / kStep; ++i) {
       const int r = r0 + i * kStep;
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), r < valid ? s : src, r < valid);
+      cp_async::copy16_or_zero(dst + tile_offset<kRowBytes, kKeys, kSw128>(r, c), r < valid ? s : src, r < valid);
       s += step;
     }
   } else {
     FLASHINFER_UNROLL
     for (int i = tid; i < kKeys * kChunks; i += kPrefillThreads) {
       const int r = i / kChunks, c = i % kChunks;
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
+      cp_async::copy16_or_zero(dst + tile_offset<kRowBytes, kKeys, kSw128>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
                                r < valid);
     }
   }
@@ -83,7 +99,8 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
 // causal, page 16, 8 x 2048 tokens: a (page, entry) table 1389 us, signed element offsets 1295 /
 // 1271, whose copies ncu counted 17% more instructions than ragged keys', this table 1193; 32 x
 // 512: 578, 557 / 559, 511. Ragged keys: 1030 / 485.)
-template <int kRowBytes, int kKeys, int kCol0 = 0, int kCols = kRowBytes / 16, int kThreads = kPrefillThreads>
+template <int kRowBytes, int kKeys, int kCol0 = 0, int kCols = kRowBytes / 16, int kThreads = kPrefillThreads,
+          bool kSw128 = false>
 FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, int64_t byte_off = 0) {
   static_assert(kCol0 + kCols <= kRowBytes / 16, "chunks of the row");
   if constexpr (kThreads % kCols == 0 && kKeys % (kThreads / kCols) == 0) {
@@ -94,7 +111,7 @@ FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, i
     for (int i = 0; i < kKeys / kStep; ++i) {
       const int r = r0 + i * kStep;
       const uint64_t a = addr[2 * r];
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, kCol0 + c),
+      cp_async::copy16_or_zero(dst + tile_offset<kRowBytes, kKeys, kSw128>(r, kCol0 + c),
                                reinterpret_cast<const void*>((a & ~uint64_t{1}) + add), (a & 1) == 0);
     }
   } else {
@@ -102,14 +119,14 @@ FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, i
     for (int i = threadIdx.x; i < kKeys * kCols; i += kThreads) {
       const int r = i / kCols, c = i % kCols;
       const uint64_t a = addr[2 * r], src = (a & ~uint64_t{1}) + static_cast<uint64_t>(byte_off + c * 16);
-      cp_async::copy16_or_zero(dst + mma::swizzle_offset<kRowBytes>(r, kCol0 + c), reinterpret_cast<const void*>(src),
-                               (a & 1) == 0);
+      cp_async::copy16_or_zero(dst + tile_offset<kRowBytes, kKeys, kSw128>(r, kCol0 + c),
+                               reinterpret_cast<const void*>(src), (a & 1) == 0);
     }
   }
 }
 
 // K and V rows of one size from the same table: one 16-byte shared load gives a row's two addresses.
-template <int kRowBytes, int kKeys>
+template <int kRowBytes, int kKeys, bool kSw128 = false>
 FLASHINFER_DEVICE void prefill_load_kv_addr_rows(char* dst_k, char* dst_v, const uint64_t* addr) {
   constexpr int kChunks = kRowBytes / 16, kStep = kPrefillThreads / kChunks;
   static_assert(kPrefillThreads % kChunks == 0 && kKeys % kStep == 0, "whole rows per pass");
@@ -118,7 +135,7 @@ FLASHINFER_DEVICE void prefill_load_kv_addr_rows(char* dst_k, char* dst_v, const
   for (int i = 0; i < kKeys / kStep; ++i) {
     const int r = r0 + i * kStep;
     const ulonglong2 a = *reinterpret_cast<const ulonglong2*>(addr + 2 * r);
-    const int off = mma::swizzle_offset<kRowBytes>(r, c);
+    const int off = tile_offset<kRowBytes, kKeys, kSw128>(r, c);
     cp_async::copy16_or_zero(dst_k + off, reinterpret_cast<const void*>((a.x & ~uint64_t{1}) + c * 16), (a.x & 1) == 0);
     cp_async::copy16_or_zero(dst_v + off, reinterpret_cast<const void*>((a.y & ~uint64_t{1}) + c * 16), (a.y & 1) == 0);
   }
@@ -151,8 +168,11 @@ struct BoolTag {
 // p.head_dim_vo for kParts and kMla, blockIdx.z the part).
 // MLA CTAs have two warp groups (prefill_threads): the same rows, V / O columns side by side;
 // both compute the rows' scores, and the K tile they share is loaded once.
+// kWg (sm_90a): the CTA's four warps are one warpgroup; M tile mt is rows 64 mt .. 64 mt + 63
+// (warp w: 16 w .. 16 w + 15 of it), and S = Q K^T (both from shared memory) and O += P V (P
+// from registers, V from shared memory) are wgmma products over 128-byte-swizzled tiles.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
-          PrefillVO kVO = PrefillVO::kWhole>
+          PrefillVO kVO = PrefillVO::kWhole, bool kWg = false>
 __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
@@ -165,8 +185,11 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
+  static_assert(!kWg || (kVO == PrefillVO::kWhole && kDQK % 64 == 0 && kDVO % 64 == 0 && kDVO <= 256),
+                "wgmma: whole V / O columns, head dims multiples of 64, V / O columns <= 256");
   FLASHINFER_EXTERN_SHARED uint4 prefill_smem[];
   char* sQ = reinterpret_cast<char*>(prefill_smem);
+  if constexpr (kWg) sQ += (1024 - (cp_async::smem_addr(sQ) & 1023)) & 1023;  // (swizzle atoms: 1024-byte aligned)
   char* sK = sQ + kRows * kRowQK;
   char* sV = sK + 2 * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -223,8 +246,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
 
   // This thread's rows: grp and grp + 8 of each of its warp's M tiles. Their tokens and q heads
   // are recomputed where needed (masked tiles, the epilogue) rather than kept in registers.
-  const int64_t my_pr0 = pr0 + warp * kWarpRows + grp;
-  auto row_of = [&](int mt, int h) { return my_pr0 + mt * 16 + 8 * h; };
+  constexpr int kMtStride = kWg ? 64 : 16;  // rows between a warp's M tiles
+  const int64_t my_pr0 = pr0 + warp * (kWg ? 16 : kWarpRows) + grp;
+  auto row_of = [&](int mt, int h) { return my_pr0 + mt * kMtStride + 8 * h; };
   auto token_of = [&](int64_t pr) { return static_cast<int>((pr < rows ? pr : rows - 1) / group); };
   const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(kv_len);
   const bool soft_cap = p.soft_cap > 0.f;
@@ -247,7 +271,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         continue;
       }
     }
-    cp_async::copy16_or_zero(sQ + mma::swizzle_offset<kRowQK>(r, c),
+    cp_async::copy16_or_zero(sQ + detail::tile_offset<kRowQK, kRows, kWg>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
   // Paged: the byte addresses of every key row of a stage's tile in K and V (MLA: in the ckv and
@@ -291,18 +315,19 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         detail::prefill_load_addr_rows<kRowQK, kKeys, kCkv, kDQK / 8 - kCkv, kThreads>(sK + stage * kKeys * kRowQK,
                                                                                      &page_addr[stage][0][1]);
     } else if constexpr (kPaged && kRowQK == kRowVO && kVO == PrefillVO::kWhole) {
-      detail::prefill_load_kv_addr_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
-                                                       &page_addr[stage][0][0]);
+      detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
+                                                            &page_addr[stage][0][0]);
     } else if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK, &page_addr[stage][0][0]);
-      detail::prefill_load_addr_rows<kRowVO, kKeys>(sV + stage * kKeys * kRowVO, &page_addr[stage][0][1],
-                                                    int64_t{part} * kDVO * 2);
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(sK + stage * kKeys * kRowQK,
+                                                                                     &page_addr[stage][0][0]);
+      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
+          sV + stage * kKeys * kRowVO, &page_addr[stage][0][1], int64_t{part} * kDVO * 2);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowQK, kKeys>(sK + stage * kKeys * kRowQK,
+      detail::prefill_load_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK,
                                                p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
                                                p.k_stride_n, valid);
-      detail::prefill_load_rows<kRowVO, kKeys>(
+      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
           sV + stage * kKeys * kRowVO,
           p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h + part * kDVO, p.v_stride_n, valid);
     }
@@ -325,8 +350,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     d[mt][0] = d[mt][1] = 0.f;
   }
   // The warp's tokens, for deciding whether a tile needs per-key masking.
-  const int64_t w_pr0 = pr0 + warp * kWarpRows;
-  const int64_t w_last = w_pr0 + kWarpRows - 1 < rows ? w_pr0 + kWarpRows - 1 : rows - 1;
+  // (kWg: the warp's first and last rows over its M tiles; the range between covers them)
+  const int64_t w_pr0 = pr0 + warp * (kWg ? 16 : kWarpRows);
+  const int64_t w_end = kWg ? w_pr0 + (kMT - 1) * 64 + 16 : w_pr0 + kWarpRows;
+  const int64_t w_last = w_end - 1 < rows ? w_end - 1 : rows - 1;
   const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
 
   // One key tile: kMasked (a BoolTag) compiles the per-key masking path in; tiles that every
@@ -337,6 +364,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
     cp_async::commit();
     cp_async::wait(1);  // this tile's K and V have landed
+    if constexpr (kWg) wgmma::fence_proxy_async();  // (wgmma reads them through the async proxy)
     __syncthreads();
     const char* ks = sK + (it & 1) * kKeys * kRowQK;
     const char* vs = kMla ? ks : sV + (it & 1) * kKeys * kRowVO;
@@ -373,7 +401,23 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         }
       }
     };
-    if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
+    if constexpr (kWg) {
+      wgmma::fence();
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        FLASHINFER_UNROLL
+        for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
+          const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
+          wgmma::Wgmma<T, kKeys>::ss(&sc[mt][0][0],
+                                     wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
+                                     wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + col, 16, 1024), 1);
+        }
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+    } else if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
 #if defined(__CUDA_ARCH__)
 #pragma unroll(kSUnroll)
 #endif
@@ -498,8 +542,32 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       __syncthreads();
     }
     // O += P V: the score accumulators of keys 16 kk .. 16 kk + 15 are the A fragment of k-step kk.
+    if constexpr (kWg) {
+      uint32_t a[kMT][kKeys / 16][4];
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        FLASHINFER_UNROLL
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          a[mt][kk][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+          a[mt][kk][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+          a[mt][kk][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+          a[mt][kk][3] = mma::pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+        }
+      }
+      wgmma::fence();
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        FLASHINFER_UNROLL
+        for (int kk = 0; kk < kKeys / 16; ++kk)  // keys 16 kk ..: two 8-key atom rows; column blocks kKeys x 128 bytes apart
+          wgmma::Wgmma<T, kDVO>::rs_tn(&o[mt][0][0], a[mt][kk], wgmma::desc_sw128(vs + kk * 2048, kKeys * 128, 1024), 1);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
+    }
     FLASHINFER_UNROLL
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
+    for (int kk = 0; kk < (kWg ? 0 : kKeys / 16); ++kk) {
       uint32_t a[kMT][4];
       if constexpr (kSplitS) {
         mma::ldmatrix_x4(a[0], sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
@@ -613,29 +681,50 @@ PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles
 }
 
 namespace detail {
-template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO kVO = PrefillVO::kWhole>
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO kVO = PrefillVO::kWhole,
+          bool kWg = false>
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
-  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO>;
+  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO, kWg>;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla));
+  // (kWg: room to align the tiles to 1024 bytes)
+  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla)) + (kWg ? 1024 : 0);
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
                 dim3(prefill_threads(kVO)), smem, stream, p.pdl, p);
+}
+// Whether the wgmma kernels run: this build has sm_90a code (FLASHINFER_ENABLE_WGMMA), the knob
+// is on, and the current device is a 9.0 one.
+inline bool prefill_wgmma_usable() {
+#if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_PREFILL_WGMMA
+  DeviceInfo info;
+  return current_device_info(&info) == cudaSuccess && info.cc_major == 9 && info.cc_minor == 0;
+#else
+  return false;
+#endif
+}
+// A whole-columns kernel: the wgmma one where usable (instantiated only in sm_90a builds).
+template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode>
+cudaError_t launch_prefill_whole(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
+#if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_PREFILL_WGMMA
+  if (prefill_wgmma_usable())
+    return launch_prefill<T, kDQK, kDVO, kMT, kMode, PrefillVO::kWhole, true>(p, grid_x, stream);
+#endif
+  return launch_prefill<T, kDQK, kDVO, kMT, kMode>(p, grid_x, stream);
 }
 template <typename T, PrefillMode kMode>
 cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
   const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
   const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
   if (dqk == 64 && dvo == 64)
-    return two ? launch_prefill<T, 64, 64, 2, kMode>(p, grid_x, stream)
-               : launch_prefill<T, 64, 64, 1, kMode>(p, grid_x, stream);
+    return two ? launch_prefill_whole<T, 64, 64, 2, kMode>(p, grid_x, stream)
+               : launch_prefill_whole<T, 64, 64, 1, kMode>(p, grid_x, stream);
   if (dqk == 128 && dvo == 128)
-    return two ? launch_prefill<T, 128, 128, 2, kMode>(p, grid_x, stream)
-               : launch_prefill<T, 128, 128, 1, kMode>(p, grid_x, stream);
-  if (dqk == 256 && dvo == 256) return launch_prefill<T, 256, 256, 1, kMode>(p, grid_x, stream);
-  if (dqk == 192 && dvo == 128) return launch_prefill<T, 192, 128, 1, kMode>(p, grid_x, stream);
+    return two ? launch_prefill_whole<T, 128, 128, 2, kMode>(p, grid_x, stream)
+               : launch_prefill_whole<T, 128, 128, 1, kMode>(p, grid_x, stream);
+  if (dqk == 256 && dvo == 256) return launch_prefill_whole<T, 256, 256, 1, kMode>(p, grid_x, stream);
+  if (dqk == 192 && dvo == 128) return launch_prefill_whole<T, 192, 128, 1, kMode>(p, grid_x, stream);
   if (dqk == 512 && dvo == 512) return launch_prefill<T, 512, kPrefillVoPart, 1, kMode, PrefillVO::kParts>(p, grid_x, stream);
   return cudaErrorInvalidValue;
 }
