@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B of compile-time variants in one call on a GPU machine. Builds every extension module once
-# (the base tree), then for each variant the listed MODULES again with its extra CUDA flags (the
-# source must honour them, e.g. a temporary #if), assembles one package per variant (the base
-# modules plus the variant's), and times CASES under every variant for ROUNDS rounds, the order
-# reversed in every other round. Prints one table (scripts/sweep_table.py); logs under $OUT/ab.
+# (the base tree), then for each variant the listed MODULES again with its extra flags (CUDA and
+# C++ sources both get them; the source must honour them, e.g. a temporary #if), assembles one
+# package per variant (the base modules plus the variant's), and times CASES under every variant
+# for ROUNDS rounds, the order reversed in every other round. Prints one table
+# (scripts/sweep_table.py); logs under $OUT/ab.
 # A variant line may name its own modules in a third field ("label|flags|_norm _rope"); a variant
 # whose modules are " " (a blank third field that is not empty) uses the base build's modules.
 # EXTRA_CONFIGS adds sweep configs as they are ("label|PYTHONPATH=/a/package/built/elsewhere").
@@ -22,7 +23,7 @@ ALL="_cuda _norm _activation _decode _cascade _rope _page _prefill _sampling"
 t0=$(date +%s)
 configure() {  # build dir, extra CUDA flags
   cmake -S . -B "$1" -G Ninja -DFLASHINFER_BUILD_PYTHON=ON -DFLASHINFER_BUILD_TESTS=OFF \
-    -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_FLAGS="$2" > "$A/configure-$(basename "$1").log" 2>&1
+    -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_FLAGS="$2" -DCMAKE_CXX_FLAGS="$2" > "$A/configure-$(basename "$1").log" 2>&1
 }
 configure build/ab-base "" &
 labels=()

@@ -25,7 +25,6 @@
 #include <cstdint>
 
 #include "config.h"
-#include "cp_async.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASHINFER_WGMMA_ARCH 1
@@ -43,9 +42,18 @@ FLASHINFER_HOST_DEVICE constexpr uint32_t sw128_offset(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * kRows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
+// A shared-memory pointer's address in the shared window (what the swizzle and descriptors see).
+FLASHINFER_DEVICE uint32_t smem_u32(const void* p) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#else
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p));
+#endif
+}
+
 // Descriptor of a 128-byte-swizzled operand at `smem` (leading / stride byte offsets in bytes).
 FLASHINFER_DEVICE uint64_t desc_sw128(const void* smem, uint32_t lbo, uint32_t sbo) {
-  const uint32_t a = cp_async::smem_addr(smem);
+  const uint32_t a = smem_u32(smem);
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
@@ -86,11 +94,21 @@ FLASHINFER_DEVICE void fence_proxy_async() {
 
 // Keeps the accumulators of an asynchronous product in registers the compiler must not touch
 // before the wait (one register per asm operand).
+// Also before a product's wgmma::fence, on registers just written (zeroed accumulators, a
+// rescaled O, packed A fragments): otherwise the compiler may sink those writes past the fence
+// into the product's pipeline stage, and ptxas serializes the products (C7515).
 template <int N>
 FLASHINFER_DEVICE void fence_operands(float* d) {
 #if FLASHINFER_WGMMA_ARCH
   FLASHINFER_UNROLL
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+template <int N>
+FLASHINFER_DEVICE void fence_operands(uint32_t* a) {
+#if FLASHINFER_WGMMA_ARCH
+  FLASHINFER_UNROLL
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i])::"memory");
 #endif
 }
 

@@ -50,6 +50,15 @@
 #ifndef FLASHINFER_PREFILL_WGMMA
 #define FLASHINFER_PREFILL_WGMMA 1
 #endif
+// wgmma kernels of one M tile overlap each tile's softmax with the previous tile's P V (K runs a
+// tile ahead of V): 1 on, 0 (default) off (products issued and waited on in turn). H200 A/B
+// (benchmarks/NOTES.md, session 21; 348 prefill tests passed with it on): head_dim 256 4096
+// causal 905 -> 880 us, but 128 x 4096 72 -> 89 and 1024 causal 54 -> 56 (its K(it + 2) copies
+// have one iteration to land, against the plain loop's K and V of one tile; a third K buffer
+// would give them two).
+#ifndef FLASHINFER_PREFILL_WG_OVERLAP
+#define FLASHINFER_PREFILL_WG_OVERLAP 0
+#endif
 
 namespace flashinfer {
 namespace attention {
@@ -189,7 +198,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
                 "wgmma: whole V / O columns, head dims multiples of 64, V / O columns <= 256");
   FLASHINFER_EXTERN_SHARED uint4 prefill_smem[];
   char* sQ = reinterpret_cast<char*>(prefill_smem);
-  if constexpr (kWg) sQ += (1024 - (cp_async::smem_addr(sQ) & 1023)) & 1023;  // (swizzle atoms: 1024-byte aligned)
+  if constexpr (kWg) sQ += (1024 - (wgmma::smem_u32(sQ) & 1023)) & 1023;  // (swizzle atoms: 1024-byte aligned)
   char* sK = sQ + kRows * kRowQK;
   char* sV = sK + 2 * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -279,7 +288,11 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // set: a zero row (past kv_len, or a page id outside the cache). page_id / set_row: the id load
   // (early) and the table entry (late); threads 0 .. 2 kKeys - 1 fill entry tid / kKeys of row
   // tid % kKeys.
-  __shared__ __align__(16) uint64_t page_addr[kPaged ? 2 : 1][kPaged ? kKeys : 1][2];
+  // kWgOverlap: K tiles are loaded a tile ahead of V (see the loop), and the table has four
+  // slots, tile t in slot t % 4.
+  constexpr bool kWgOverlap = kWg && kMT == 1 && FLASHINFER_PREFILL_WG_OVERLAP != 0;
+  constexpr int kAddrSlots = kWgOverlap ? 4 : 2;
+  __shared__ __align__(16) uint64_t page_addr[kPaged ? kAddrSlots : 1][kPaged ? kKeys : 1][2];
   auto page_id = [&](int64_t kv0, int r) -> int {
     if (kv0 + r >= kv_len) return -1;
     const int64_t id = p.page_indices[kv_base + static_cast<int>(kv0 + r) / p.page_size];  // (keys < 2^31)
@@ -298,7 +311,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   };
   if constexpr (kPaged) {
     if (tid < 2 * kKeys) {
-      for (int s = 0; s < 2 && s < n_tiles; ++s) {
+      for (int s = 0; s < (kWgOverlap ? 3 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
         const int64_t kv0 = kv_first + s * kKeys;
         set_row(s, kv0, page_id(kv0, row_r));
       }
@@ -337,8 +350,39 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr bool kFusedScale = FLASHINFER_PREFILL_FUSED_SCALE < 0
                                    ? kMode != PrefillMode::kSingle || kDQK == 64
                                    : FLASHINFER_PREFILL_FUSED_SCALE != 0;
-  if (n_tiles > 0) load_kv(0, kv_first);
-  cp_async::commit();
+  // (kWgOverlap: K and V tiles of one size in their own buffers)
+  auto load_k = [&](int buf, int64_t kv0) {
+    if constexpr (kPaged) {
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(
+          sK + buf * kKeys * kRowQK, &page_addr[(kv0 - kv_first) / kKeys % kAddrSlots][0][0]);
+    } else {
+      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+      detail::prefill_load_rows<kRowQK, kKeys, kWg>(
+          sK + buf * kKeys * kRowQK, p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
+          p.k_stride_n, valid);
+    }
+  };
+  auto load_v = [&](int buf, int64_t kv0) {
+    if constexpr (kPaged) {
+      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
+          sV + buf * kKeys * kRowVO, &page_addr[(kv0 - kv_first) / kKeys % kAddrSlots][0][1]);
+    } else {
+      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
+          sV + buf * kKeys * kRowVO, p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
+          p.v_stride_n, valid);
+    }
+  };
+  if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1)
+    if (n_tiles > 0) load_k(0, kv_first);
+    cp_async::commit();
+    if (n_tiles > 0) load_v(0, kv_first);
+    if (n_tiles > 1) load_k(1, kv_first + kKeys);
+    cp_async::commit();
+  } else {
+    if (n_tiles > 0) load_kv(0, kv_first);
+    cp_async::commit();
+  }
 
   float o[kMT][kDVO / 8][4];
   float m[kMT][2], d[kMT][2];
@@ -356,77 +400,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   const int64_t w_last = w_end - 1 < rows ? w_end - 1 : rows - 1;
   const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
 
-  // One key tile: kMasked (a BoolTag) compiles the per-key masking path in; tiles that every
-  // row sees whole (prefill_plain_tiles) run without it, so the main loop needs fewer registers.
-  auto tile_step = [&](auto masked_tag, int64_t it) {
+  // One tile's scores -> probabilities in place (kMasked: a BoolTag, as tile_step's), m and d
+  // updated; alpha_out: the factor O's rows must be rescaled by (rescale_o) before P V adds in.
+  auto softmax_tile = [&](auto masked_tag, int64_t kv0, float(&sc)[kMT][kSNT][4], float(&alpha_out)[kMT][2]) {
     constexpr bool kMasked = decltype(masked_tag)::value;
-    const int64_t kv0 = kv_first + it * kKeys;
-    if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
-    cp_async::commit();
-    cp_async::wait(1);  // this tile's K and V have landed
-    if constexpr (kWg) wgmma::fence_proxy_async();  // (wgmma reads them through the async proxy)
-    __syncthreads();
-    const char* ks = sK + (it & 1) * kKeys * kRowQK;
-    const char* vs = kMla ? ks : sV + (it & 1) * kKeys * kRowVO;
-    // Paged: tile it + 2's page ids, loaded now and written to this stage's table at the end
-    // (its copies have been issued; the loop's last barrier publishes the table).
-    [[maybe_unused]] int next_id = -1;
-    if constexpr (kPaged) {
-      if (tid < 2 * kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, row_r);
-    }
-
-    // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
-    float sc[kMT][kSNT][4];
-    FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
-      FLASHINFER_UNROLL
-      for (int n = 0; n < kSNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
-    }
-    auto qk_step = [&](int kstep) {
-      uint32_t a[kMT][4];
-      FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt)
-        mma::ldmatrix_x4(a[mt], sQ + mma::swizzle_offset<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
-                                                                     ((lane >> 3) & 1) * 8,
-                                                                 2 * kstep + (lane >> 4)));
-      FLASHINFER_UNROLL
-      for (int np = 0; np < kSNT / 2; ++np) {
-        uint32_t b[4];
-        mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(kSKeys * vg + np * 16 + (lane & 7) + (lane >> 4) * 8,
-                                                             2 * kstep + ((lane >> 3) & 1)));
-        FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma::mma_16816<T>(sc[mt][2 * np], a[mt], b);
-          mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
-        }
-      }
-    };
-    if constexpr (kWg) {
-      wgmma::fence();
-      FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
-        FLASHINFER_UNROLL
-        for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
-          const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
-          wgmma::Wgmma<T, kKeys>::ss(&sc[mt][0][0],
-                                     wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
-                                     wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + col, 16, 1024), 1);
-        }
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
-    } else if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
-#if defined(__CUDA_ARCH__)
-#pragma unroll(kSUnroll)
-#endif
-      for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
-    } else {
-      FLASHINFER_UNROLL
-      for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
-    }
-
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
     // custom mask) the general path, key indices in 32 bits (validate()).
@@ -520,13 +497,98 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           }
         }
         d[mt][h] = d[mt][h] * alpha + sum;
-        FLASHINFER_UNROLL
-        for (int n = 0; n < kDVO / 8; ++n) {
-          o[mt][n][2 * h] *= alpha;
-          o[mt][n][2 * h + 1] *= alpha;
-        }
+        alpha_out[mt][h] = alpha;
       }
     }
+  };
+  auto rescale_o = [&](const float(&alpha)[kMT][2]) {
+    FLASHINFER_UNROLL
+    for (int mt = 0; mt < kMT; ++mt) {
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kDVO / 8; ++n) {
+        o[mt][n][0] *= alpha[mt][0];
+        o[mt][n][1] *= alpha[mt][0];
+        o[mt][n][2] *= alpha[mt][1];
+        o[mt][n][3] *= alpha[mt][1];
+      }
+    }
+  };
+
+  // One key tile: kMasked (a BoolTag) compiles the per-key masking path in; tiles that every
+  // row sees whole (prefill_plain_tiles) run without it, so the main loop needs fewer registers.
+  auto tile_step = [&](auto masked_tag, int64_t it) {
+    const int64_t kv0 = kv_first + it * kKeys;
+    if (it + 1 < n_tiles) load_kv(static_cast<int>((it + 1) & 1), kv0 + kKeys);
+    cp_async::commit();
+    cp_async::wait(1);  // this tile's K and V have landed
+    if constexpr (kWg) wgmma::fence_proxy_async();  // (wgmma reads them through the async proxy)
+    __syncthreads();
+    const char* ks = sK + (it & 1) * kKeys * kRowQK;
+    const char* vs = kMla ? ks : sV + (it & 1) * kKeys * kRowVO;
+    // Paged: tile it + 2's page ids, loaded now and written to this stage's table at the end
+    // (its copies have been issued; the loop's last barrier publishes the table).
+    [[maybe_unused]] int next_id = -1;
+    if constexpr (kPaged) {
+      if (tid < 2 * kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, row_r);
+    }
+
+    // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
+    float sc[kMT][kSNT][4];
+    FLASHINFER_UNROLL
+    for (int mt = 0; mt < kMT; ++mt) {
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kSNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
+    }
+    auto qk_step = [&](int kstep) {
+      uint32_t a[kMT][4];
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt)
+        mma::ldmatrix_x4(a[mt], sQ + mma::swizzle_offset<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
+                                                                     ((lane >> 3) & 1) * 8,
+                                                                 2 * kstep + (lane >> 4)));
+      FLASHINFER_UNROLL
+      for (int np = 0; np < kSNT / 2; ++np) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(kSKeys * vg + np * 16 + (lane & 7) + (lane >> 4) * 8,
+                                                             2 * kstep + ((lane >> 3) & 1)));
+        FLASHINFER_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::mma_16816<T>(sc[mt][2 * np], a[mt], b);
+          mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
+        }
+      }
+    };
+    if constexpr (kWg) {
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      wgmma::fence();
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        FLASHINFER_UNROLL
+        for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
+          const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
+          wgmma::Wgmma<T, kKeys>::ss(&sc[mt][0][0],
+                                     wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
+                                     wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + col, 16, 1024), 1);
+        }
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+    } else if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
+#if defined(__CUDA_ARCH__)
+#pragma unroll(kSUnroll)
+#endif
+      for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
+    } else {
+      FLASHINFER_UNROLL
+      for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
+    }
+
+    float alpha[kMT][2];
+    softmax_tile(masked_tag, kv0, sc, alpha);
+    rescale_o(alpha);
 
     // Split scores: this group's P into sP (row r, key kSKeys * vg + 8 n + 2 tig), read back by
     // both groups as A fragments.
@@ -553,6 +615,11 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           a[mt][kk][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
           a[mt][kk][3] = mma::pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
         }
+      }
+      FLASHINFER_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
+        wgmma::fence_operands<kKeys / 4>(&a[mt][0][0]);
       }
       wgmma::fence();
       FLASHINFER_UNROLL
@@ -600,7 +667,96 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   };
   constexpr bool kPlainLoop =
       FLASHINFER_PREFILL_PLAIN_LOOP < 0 ? kMode == PrefillMode::kSingle : FLASHINFER_PREFILL_PLAIN_LOOP != 0;
-  if constexpr (kPlainLoop) {
+  if constexpr (kWgOverlap) {
+    // S of tile it + 1 (sc) is computed and turned into probabilities while P V of tile it (P in
+    // pa) runs: K(t) sits in K buffer t % 2 and V(t) in V buffer t % 2; iteration it waits for
+    // K(it + 1) and V(it), then loads K(it + 2) and V(it + 1) into the buffers K(it) and V(it - 1)
+    // left. Paged: tile it + 3's table slot is written at the end of iteration it (its last
+    // readers, tile it - 1's copies, were issued before this iteration's first barrier).
+    float sc[kMT][kSNT][4];
+    uint32_t pa[kKeys / 16][4];
+    float alpha[kMT][2];
+    auto issue_s = [&](int buf) {  // S = Q K(buf), committed as one group
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
+      wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+      wgmma::fence();
+      const char* ks = sK + buf * kKeys * kRowQK;
+      FLASHINFER_UNROLL
+      for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
+        const int col = (ks_ & 3) * 32;
+        wgmma::Wgmma<T, kKeys>::ss(&sc[0][0][0], wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + col, 16, 1024),
+                                   wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + col, 16, 1024), 1);
+      }
+      wgmma::commit();
+    };
+    auto pack_p = [&]() {
+      FLASHINFER_UNROLL
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        pa[kk][0] = mma::pack2<T>(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+        pa[kk][1] = mma::pack2<T>(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+        pa[kk][2] = mma::pack2<T>(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+        pa[kk][3] = mma::pack2<T>(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
+      }
+    };
+    if (n_tiles > 0) {
+      cp_async::wait(1);  // Q, K 0
+      wgmma::fence_proxy_async();
+      __syncthreads();
+      issue_s(0);
+      wgmma::wait<0>();
+      wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+      softmax_tile(BoolTag<true>{}, kv_first, sc, alpha);  // (O is zero: no rescale)
+      pack_p();
+    }
+    // (every iteration but the last issues S: ptxas serializes the products when the groups
+    // in flight differ between paths; the last tile's P V runs after the loop)
+    auto issue_pv = [&](int64_t it) {
+      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+      wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
+      wgmma::fence();
+      const char* vs = sV + (it & 1) * kKeys * kRowVO;
+      FLASHINFER_UNROLL
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma::Wgmma<T, kDVO>::rs_tn(&o[0][0][0], pa[kk], wgmma::desc_sw128(vs + kk * 2048, kKeys * 128, 1024), 1);
+      wgmma::commit();
+    };
+    auto wait_loads = [&]() {
+      cp_async::wait(0);
+      wgmma::fence_proxy_async();
+      __syncthreads();
+    };
+    for (int64_t it = 0; it + 1 < n_tiles; ++it) {
+      const int64_t kv1 = kv_first + (it + 1) * kKeys;
+      wait_loads();  // K(it + 1), V(it)
+      [[maybe_unused]] int next_id = -1;
+      if constexpr (kPaged) {
+        if (tid < 2 * kKeys && it + 3 < n_tiles) next_id = page_id(kv_first + (it + 3) * kKeys, row_r);
+      }
+      issue_s(static_cast<int>((it + 1) & 1));
+      issue_pv(it);
+      if (it + 2 < n_tiles) load_k(static_cast<int>(it & 1), kv1 + kKeys);
+      load_v(static_cast<int>((it + 1) & 1), kv1);
+      cp_async::commit();
+      wgmma::wait<1>();  // S(it + 1); P V (it) may still run
+      wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+      softmax_tile(BoolTag<true>{}, kv1, sc, alpha);
+      wgmma::wait<0>();
+      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+      rescale_o(alpha);
+      pack_p();
+      if constexpr (kPaged) {
+        if (tid < 2 * kKeys && it + 3 < n_tiles)
+          set_row(static_cast<int>((it + 3) % kAddrSlots), kv_first + (it + 3) * kKeys, next_id);
+      }
+    }
+    if (n_tiles > 0) {
+      wait_loads();  // V(n_tiles - 1)
+      issue_pv(n_tiles - 1);
+      wgmma::wait<0>();
+      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+    }
+  } else if constexpr (kPlainLoop) {
     const TileRange pl = plain ? prefill_plain_tiles(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left,
                                                      p.mask != nullptr, kv_first, n_tiles)
                                : TileRange{0, 0};

@@ -35,8 +35,13 @@ constexpr int kPrefillMaxRows = 128;  // packed rows per CTA, at most
 // bf16, 32 / 8 heads x 128, causal: 16384 tokens 8200 -> 6720 us, 4096 tokens 568 -> 548
 // (benchmarks/NOTES.md, session 17). But CTAs of twice the rows are half as many: below two
 // CTAs per SM the grid runs short of work (128 x 4096: 96 -> 146 us), so one tile there.
+// FLASHINFER_PREFILL_MAX_M_TILES (1 or 2, default 2) caps it; the planner (binding) and the
+// kernels must be built with the same value.
+#ifndef FLASHINFER_PREFILL_MAX_M_TILES
+#define FLASHINFER_PREFILL_MAX_M_TILES 2
+#endif
 FLASHINFER_HOST_DEVICE constexpr int prefill_max_m_tiles(int head_dim_qk, int head_dim_vo) {
-  return head_dim_qk <= 128 && head_dim_vo <= 128 ? 2 : 1;
+  return head_dim_qk <= 128 && head_dim_vo <= 128 ? FLASHINFER_PREFILL_MAX_M_TILES : 1;
 }
 FLASHINFER_HOST_DEVICE constexpr int prefill_rows(int m_tiles) { return kPrefillWarps * 16 * m_tiles; }
 FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int num_kv_heads, int head_dim_qk,
