@@ -8,25 +8,52 @@
 #include "mla.h"
 #include "prefill.cuh"
 
+// MLA on wgmma (sm_90a builds, 9.0 devices; prefill.cuh's kWg: S = Q K^T of each group's 32
+// keys and P V with P from shared memory as warpgroup products): 1 on, 0 (default) off. Checked
+// by the CPU emulator only (tests/cpp/emu, session 21); not yet run on a GPU.
+#ifndef FLASHINFER_MLA_WGMMA
+#define FLASHINFER_MLA_WGMMA 0
+#endif
+
 namespace flashinfer {
 namespace attention {
 
 // The MLA kernel of (head_dim_qk, head_dim_vo) computing vo_cols V / O columns per warp
-// (mla_vo_cols; grid z: head_dim_vo / (2 vo_cols)), null: not built.
+// (mla_vo_cols; grid z: head_dim_vo / (2 vo_cols)), null: not built; wg: the wgmma one
+// (FLASHINFER_ENABLE_WGMMA builds).
 template <typename T>
-PrefillKernelPtr<T> mla_kernel(int head_dim_qk, int head_dim_vo, int vo_cols) {
+PrefillKernelPtr<T> mla_kernel(int head_dim_qk, int head_dim_vo, int vo_cols, bool wg = false) {
   constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
   constexpr PrefillMode kPaged = PrefillMode::kPaged;
+  constexpr PrefillVO kMla = PrefillVO::kMla;
   if (head_dim_vo != kD || (vo_cols != kP && vo_cols != 2 * kP)) return nullptr;
   const bool wide = vo_cols == 2 * kP;
+#if defined(FLASHINFER_ENABLE_WGMMA)
+  if (wg && head_dim_qk == kD + 64)
+    return wide ? PrefillKernel<T, kD + 64, 2 * kP, 1, kPaged, kMla, true>
+                : PrefillKernel<T, kD + 64, kP, 1, kPaged, kMla, true>;
+  if (wg && head_dim_qk == kD)
+    return wide ? PrefillKernel<T, kD, 2 * kP, 1, kPaged, kMla, true> : PrefillKernel<T, kD, kP, 1, kPaged, kMla, true>;
+#endif
+  if (wg) return nullptr;
   if (head_dim_qk == kD + 64)
-    return wide ? PrefillKernel<T, kD + 64, 2 * kP, 1, kPaged, PrefillVO::kMla>
-                : PrefillKernel<T, kD + 64, kP, 1, kPaged, PrefillVO::kMla>;
+    return wide ? PrefillKernel<T, kD + 64, 2 * kP, 1, kPaged, kMla> : PrefillKernel<T, kD + 64, kP, 1, kPaged, kMla>;
   if (head_dim_qk == kD)
-    return wide ? PrefillKernel<T, kD, 2 * kP, 1, kPaged, PrefillVO::kMla>
-                : PrefillKernel<T, kD, kP, 1, kPaged, PrefillVO::kMla>;
+    return wide ? PrefillKernel<T, kD, 2 * kP, 1, kPaged, kMla> : PrefillKernel<T, kD, kP, 1, kPaged, kMla>;
   return nullptr;
 }
+
+namespace detail {
+// One MLA kernel's launch: the wgmma one where enabled and usable.
+template <typename T, int kDQK, int kDVO>
+cudaError_t launch_mla(const PrefillParams<T>& p, cudaStream_t stream) {
+#if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_MLA_WGMMA
+  if (prefill_wgmma_usable())
+    return launch_prefill<T, kDQK, kDVO, 1, PrefillMode::kPaged, PrefillVO::kMla, true>(p, p.num_items, stream);
+#endif
+  return launch_prefill<T, kDQK, kDVO, 1, PrefillMode::kPaged, PrefillVO::kMla>(p, p.num_items, stream);
+}
+}  // namespace detail
 
 // The merge of p's partial states: p.o [total_q, num_chunks, num_heads, 512] (p.o_stride_n,
 // p.o_stride_c, p.o_stride_h) and p.lse [total_q, num_chunks, num_heads] (p.lse_stride_n).
@@ -56,16 +83,12 @@ cudaError_t BatchMla(const PrefillParams<T>& p, int64_t total_q, const MlaMergeO
   DeviceInfo info;
   FLASHINFER_CUDA_TRY(current_device_info(&info));
   constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
-  constexpr PrefillMode kPaged = PrefillMode::kPaged;
-  constexpr PrefillVO kMla = PrefillVO::kMla;
   const bool wide = mla_vo_cols(p.num_items, info.num_sms) == 2 * kP;
   cudaError_t err;
   if (p.head_dim_qk == kD + 64)
-    err = wide ? detail::launch_prefill<T, kD + 64, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
-               : detail::launch_prefill<T, kD + 64, kP, 1, kPaged, kMla>(p, p.num_items, stream);
+    err = wide ? detail::launch_mla<T, kD + 64, 2 * kP>(p, stream) : detail::launch_mla<T, kD + 64, kP>(p, stream);
   else
-    err = wide ? detail::launch_prefill<T, kD, 2 * kP, 1, kPaged, kMla>(p, p.num_items, stream)
-               : detail::launch_prefill<T, kD, kP, 1, kPaged, kMla>(p, p.num_items, stream);
+    err = wide ? detail::launch_mla<T, kD, 2 * kP>(p, stream) : detail::launch_mla<T, kD, kP>(p, stream);
   if (err != cudaSuccess || !split) return err;
   return MergeStates(mla_merge_params(p, total_q, out), stream);
 }

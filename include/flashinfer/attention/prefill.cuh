@@ -194,11 +194,18 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
-  static_assert(!kWg || (kVO == PrefillVO::kWhole && kDQK % 64 == 0 && kDVO % 64 == 0 && kDVO <= 256),
-                "wgmma: whole V / O columns, head dims multiples of 64, V / O columns <= 256");
+  static_assert(!kWg || (kVO != PrefillVO::kParts && kDQK % 64 == 0 && kDVO % 64 == 0 && kDVO <= 256),
+                "wgmma: whole V / O columns or MLA, head dims multiples of 64, V / O columns <= 256");
   FLASHINFER_EXTERN_SHARED uint4 prefill_smem[];
   char* sQ = reinterpret_cast<char*>(prefill_smem);
-  if constexpr (kWg) sQ += (1024 - (wgmma::smem_u32(sQ) & 1023)) & 1023;  // (swizzle atoms: 1024-byte aligned)
+  // (kWg: swizzle atoms are 1024-byte aligned. MLA's CTA has no room for the slack: its static
+  // arrays total a multiple of 1024 bytes, and the tiles must then start aligned)
+  if constexpr (kWg) sQ += (1024 - (wgmma::smem_u32(sQ) & 1023)) & 1023;
+#if defined(__CUDA_ARCH__)
+  if constexpr (kWg && kMla) {
+    if (sQ != reinterpret_cast<char*>(prefill_smem)) __trap();
+  }
+#endif
   char* sK = sQ + kRows * kRowQK;
   char* sV = sK + 2 * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -215,8 +222,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr int kSKeys = kSplitS ? kPrefillKeys / kVoGroups : kPrefillKeys, kSNT = kSKeys / 8;
   const int vg = kSplitS ? (tid >> 5) / kPrefillWarps : 0;
   constexpr int kSUnroll = FLASHINFER_MLA_SPLIT_S_UNROLL;
-  __shared__ __align__(16) char sP[kSplitS ? kPrefillMaxRows / 2 * kPrefillKeys * 2 : 16];
-  __shared__ float sMax[kSplitS ? kVoGroups : 1][kSplitS ? kPrefillMaxRows / 2 : 1];
+  // (kWg: sP is the A operand of P V, a 128-byte-swizzled tile: 1024-byte aligned)
+  alignas(kWg && kSplitS ? 1024 : 16) __shared__ char sP[kSplitS ? kPrefillMaxRows / 2 * kPrefillKeys * 2 : 16];
+  __shared__ float sMax[kSplitS ? kVoGroups : 1][kSplitS ? kPrefillMaxRows / 2 * (kWg ? 2 : 1) : 1];
   const int grp = lane >> 2, tig = lane & 3;
   const int group = p.num_qo_heads / p.num_kv_heads, kv_head = blockIdx.y;
   pdl_wait();  // (the batch's index arrays may come from the previous kernel)
@@ -275,7 +283,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     if constexpr (kMla) {  // [q_nope || q_pe]: chunks from kMlaHeadDimCkv / 8 on from q_rope
       if (c >= kMlaHeadDimCkv / 8) {
         cp_async::copy16_or_zero(
-            sQ + mma::swizzle_offset<kRowQK>(r, c),
+            sQ + detail::tile_offset<kRowQK, kRows, kWg>(r, c),
             p.q_rope + (q0 + t) * p.qr_stride_n + head * p.qr_stride_h + (c - kMlaHeadDimCkv / 8) * 8, ok);
         continue;
       }
@@ -290,7 +298,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // tid % kKeys.
   // kWgOverlap: K tiles are loaded a tile ahead of V (see the loop), and the table has four
   // slots, tile t in slot t % 4.
-  constexpr bool kWgOverlap = kWg && kMT == 1 && FLASHINFER_PREFILL_WG_OVERLAP != 0;
+  constexpr bool kWgOverlap = kWg && kMT == 1 && kVO == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP != 0;
   constexpr int kAddrSlots = kWgOverlap ? 4 : 2;
   __shared__ __align__(16) uint64_t page_addr[kPaged ? kAddrSlots : 1][kPaged ? kKeys : 1][2];
   auto page_id = [&](int64_t kv0, int r) -> int {
@@ -322,10 +330,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   auto load_kv = [&](int stage, int64_t kv0) {
     if constexpr (kMla) {  // [ckv || kpe] rows; V is the K tile
       constexpr int kCkv = kMlaHeadDimCkv / 8;  // (16-byte chunks)
-      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kCkv, kThreads>(sK + stage * kKeys * kRowQK,
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kCkv, kThreads, kWg>(sK + stage * kKeys * kRowQK,
                                                                        &page_addr[stage][0][0]);
       if constexpr (kDQK > kMlaHeadDimCkv)
-        detail::prefill_load_addr_rows<kRowQK, kKeys, kCkv, kDQK / 8 - kCkv, kThreads>(sK + stage * kKeys * kRowQK,
+        detail::prefill_load_addr_rows<kRowQK, kKeys, kCkv, kDQK / 8 - kCkv, kThreads, kWg>(sK + stage * kKeys * kRowQK,
                                                                                      &page_addr[stage][0][1]);
     } else if constexpr (kPaged && kRowQK == kRowVO && kVO == PrefillVO::kWhole) {
       detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
@@ -567,9 +575,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         FLASHINFER_UNROLL
         for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
           const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
-          wgmma::Wgmma<T, kKeys>::ss(&sc[mt][0][0],
-                                     wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
-                                     wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + col, 16, 1024), 1);
+          // (split scores: this group's kSKeys keys, rows kSKeys vg .. of the K tile)
+          wgmma::Wgmma<T, kSKeys>::ss(
+              &sc[mt][0][0], wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
+              wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024), 1);
         }
       }
       wgmma::commit();
@@ -601,10 +610,23 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           *reinterpret_cast<uint32_t*>(sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + grp + 8 * h, kSNT * vg + n) +
                                        4 * tig) = mma::pack2<T>(sc[0][n][2 * h], sc[0][n][2 * h + 1]);
       }
+      if constexpr (kWg) wgmma::fence_proxy_async();  // (P V reads sP through the async proxy)
       __syncthreads();
     }
     // O += P V: the score accumulators of keys 16 kk .. 16 kk + 15 are the A fragment of k-step kk.
-    if constexpr (kWg) {
+    // (kWg: this group's V columns start at column block v_chunk0 / 8 of the V tile)
+    [[maybe_unused]] const char* vb = vs + (v_chunk0 / 8) * kKeys * 128;
+    if constexpr (kWg && kSplitS) {  // P from sP
+      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+      wgmma::fence();
+      FLASHINFER_UNROLL
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma::Wgmma<T, kDVO>::ss_tn(&o[0][0][0], wgmma::desc_sw128(sP + kk * 32, 16, 1024),
+                                     wgmma::desc_sw128(vb + kk * 2048, kKeys * 128, 1024), 1);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+    } else if constexpr (kWg) {
       uint32_t a[kMT][kKeys / 16][4];
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
@@ -626,7 +648,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
         for (int kk = 0; kk < kKeys / 16; ++kk)  // keys 16 kk ..: two 8-key atom rows; column blocks kKeys x 128 bytes apart
-          wgmma::Wgmma<T, kDVO>::rs_tn(&o[mt][0][0], a[mt][kk], wgmma::desc_sw128(vs + kk * 2048, kKeys * 128, 1024), 1);
+          wgmma::Wgmma<T, kDVO>::rs_tn(&o[mt][0][0], a[mt][kk], wgmma::desc_sw128(vb + kk * 2048, kKeys * 128, 1024), 1);
       }
       wgmma::commit();
       wgmma::wait<0>();
@@ -818,13 +840,29 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   pdl_launch_dependents();
 }
 
-// The kernel of one (head_dim_qk, head_dim_vo, m_tiles, mode) choice (null: not built).
+// The kernel of one (head_dim_qk, head_dim_vo, m_tiles, mode) choice (null: not built); wg: the
+// wgmma one (whole-column head dims, FLASHINFER_ENABLE_WGMMA builds; the emulator test's entry).
 template <typename T>
 using PrefillKernelPtr = void (*)(const PrefillParams<T>);
 template <typename T, PrefillMode kMode = PrefillMode::kSingle>
-PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles) {
+PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles, bool wg = false) {
   const bool two = m_tiles == 2;
   if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
+#if defined(FLASHINFER_ENABLE_WGMMA)
+  if (wg) {
+    if (head_dim_qk == 64 && head_dim_vo == 64)
+      return two ? PrefillKernel<T, 64, 64, 2, kMode, PrefillVO::kWhole, true>
+                 : PrefillKernel<T, 64, 64, 1, kMode, PrefillVO::kWhole, true>;
+    if (head_dim_qk == 128 && head_dim_vo == 128)
+      return two ? PrefillKernel<T, 128, 128, 2, kMode, PrefillVO::kWhole, true>
+                 : PrefillKernel<T, 128, 128, 1, kMode, PrefillVO::kWhole, true>;
+    if (head_dim_qk == 256 && head_dim_vo == 256) return PrefillKernel<T, 256, 256, 1, kMode, PrefillVO::kWhole, true>;
+    if (head_dim_qk == 192 && head_dim_vo == 128) return PrefillKernel<T, 192, 128, 1, kMode, PrefillVO::kWhole, true>;
+    return nullptr;
+  }
+#else
+  if (wg) return nullptr;
+#endif
   if (head_dim_qk == 64 && head_dim_vo == 64)
     return two ? PrefillKernel<T, 64, 64, 2, kMode> : PrefillKernel<T, 64, 64, 1, kMode>;
   if (head_dim_qk == 128 && head_dim_vo == 128)
@@ -843,8 +881,8 @@ cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream
   constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO, kWg>;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
-  // (kWg: room to align the tiles to 1024 bytes)
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla)) + (kWg ? 1024 : 0);
+  // (kWg: room to align the tiles to 1024 bytes; MLA has none: see the kernel)
+  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla)) + (kWg && !kMla ? 1024 : 0);
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),

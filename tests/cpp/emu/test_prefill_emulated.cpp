@@ -29,6 +29,9 @@
 // their own strides, V read from the K tile): 4 batches with 128- and 256-column parts (kpe 64
 // and 0, page sizes 1 / 5 / 16, qo_len 0 / kv_len 0 / qo > kv requests, causal both, a request
 // given a spare page, last_page_len <= 0, that must never be read).
+// wgmma kernels (sm_90a's path for whole-column head dims; wgmma_emulated.h runs each product at
+// the wait that retires it): every feature case at every head-dim pair and every batch case,
+// both schedules, ~10 s. The overlapped loop: EMU_FLAGS=-DFLASHINFER_PREFILL_WG_OVERLAP=1.
 // Run: ctest -L emu, or tests/cpp/emu/run_emulated.sh prefill.
 #include "cuda_emulator.h"
 // (the emulator first)
@@ -42,7 +45,10 @@ using std::max;
 using std::min;
 
 #include "mma_emulated.h"
-// (cp.async and mma emulated, before any header that uses them)
+#include "wgmma_emulated.h"
+// (cp.async, mma and wgmma emulated, before any header that uses them; the wgmma kernels are
+// built as in an sm_90a build)
+#define FLASHINFER_ENABLE_WGMMA 1
 #include "flashinfer/attention/decode.cuh"
 #include "flashinfer/attention/prefill.h"
 #include "flashinfer/attention/state.h"
@@ -82,6 +88,8 @@ using emu::tf;
 //    before one.)
 enum class Schedule { kRoundRobin, kWarpEager };
 Schedule schedule = Schedule::kRoundRobin;
+// The wgmma kernels (PrefillKernel's kWg, wgmma_emulated.h) instead of the mma.sync ones.
+bool g_wg = false;
 
 // Called after each CTA of launch_2d with its block index, where set (the batch test's check
 // that a CTA writes only its own rows).
@@ -194,7 +202,10 @@ template <typename T>
 const char* type_name() {
   return std::is_same<T, __half>::value ? "f16 " : "bf16";
 }
-const char* sched_name() { return schedule == Schedule::kWarpEager ? "eager" : "rr   "; }
+const char* sched_name() {
+  if (g_wg) return schedule == Schedule::kWarpEager ? "wg eager" : "wg rr   ";
+  return schedule == Schedule::kWarpEager ? "eager" : "rr   ";
+}
 
 // The float64 reference of request `req` (query rows 0 .. QL-1, keys 0 .. KL-1, its own
 // indices) against the kernel's o and lse, through accessors of the request's elements:
@@ -378,7 +389,8 @@ void run_case(const Case& c, uint64_t seed) {
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt), grid, kPrefillThreads, smem, p);
+  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid, kPrefillThreads, smem + (g_wg ? 1024 : 0),
+            p);
 
   Result r;
   double max_v = 0;
@@ -603,9 +615,11 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
       }
     };
     if (paged)
-      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
+      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
+                smem + (g_wg ? 1024 : 0), p);
     else
-      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt), grid, kPrefillThreads, smem, p);
+      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
+                smem + (g_wg ? 1024 : 0), p);
     after_cta = nullptr;
   }
 
@@ -732,7 +746,8 @@ void run_mla(int H, int dkpe, const std::vector<int64_t>& qo_lens, const std::ve
   const int threads = prefill_threads(PrefillVO::kMla);  // (two warp groups of V / O columns)
   const dim3 grid(static_cast<unsigned>(p.num_items), 1, static_cast<unsigned>(DC / vo_cols / (threads / kPrefillThreads)));
   if (p.num_items > 0)
-    launch_2d(mla_kernel<T>(DQ, DC, vo_cols), grid, unsigned(threads), static_cast<size_t>(prefill_smem_bytes(DQ, DC, 1, 2, true)), p);
+    launch_2d(mla_kernel<T>(DQ, DC, vo_cols, g_wg), grid, unsigned(threads),
+              static_cast<size_t>(prefill_smem_bytes(DQ, DC, 1, 2, true)) + (g_wg ? 1024 : 0), p);
   if (chunks > 1)  // the chunks' states merged (float64, state.h's rule) into o / lse
     for (int64_t row = 0; row < qo_indptr[B]; ++row)
       for (int h = 0; h < H; ++h) {
@@ -852,6 +867,21 @@ int main() {
     else
       run_case<__half>(c, seed++);
   };
+  // Every batch case at every head-dim pair under the current schedule (seeds from seed_base).
+  auto run_batches = [&](uint64_t seed_base) {
+    const bool eager = schedule == Schedule::kWarpEager;
+    for (int fi = 0; fi < int(batch.size()); ++fi)
+      for (int di = 0; di < 4; ++di) {
+        const BF& f = batch[fi];
+        const BatchCase c{{dims[di][0], dims[di][1], f.group, f.kvh, f.causal, f.win, f.cap, f.alibi, f.mask, f.lse, f.vs},
+                          f.qo, f.kv, f.hnd != (di >= 2), f.pad, f.page_size, f.share, f.oob};
+        const int mt = prefill_max_m_tiles(dims[di][0], dims[di][1]) == 2 ? 1 + ((fi / 2 + di + eager) & 1) : 1;
+        if ((fi + di) & 1)
+          run_batch<__nv_bfloat16>(c, mt, seed_base + seed++);
+        else
+          run_batch<__half>(c, mt, seed_base + seed++);
+      }
+  };
   for (Schedule sched : {Schedule::kRoundRobin, Schedule::kWarpEager}) {
     schedule = sched;
     seed = 1;
@@ -902,19 +932,32 @@ int main() {
     run_mla<__nv_bfloat16>(16, 64, {1, 2, 1}, {300, 70, 0}, 16, true, false, true, kPrefillVoPart, 3, 3000 + seed++);
     run_mla<__half>(8, 0, {3}, {200}, 5, false, true, true, 2 * kPrefillVoPart, 4, 3000 + seed++);
     run_mla<__half>(4, 64, {17, 1}, {9, 129}, 1, true, false, false, kPrefillVoPart, 2, 3000 + seed++);
-    for (int fi = 0; fi < int(batch.size()); ++fi)
-      for (int di = 0; di < 4; ++di) {
-        const BF& f = batch[fi];
-        const BatchCase c{{dims[di][0], dims[di][1], f.group, f.kvh, f.causal, f.win, f.cap, f.alibi, f.mask, f.lse, f.vs},
-                          f.qo, f.kv, f.hnd != (di >= 2), f.pad, f.page_size, f.share, f.oob};
-        const int mt = prefill_max_m_tiles(dims[di][0], dims[di][1]) == 2
-                           ? 1 + ((fi / 2 + di + (sched == Schedule::kWarpEager)) & 1)
-                           : 1;
-        if ((fi + di) & 1)
-          run_batch<__nv_bfloat16>(c, mt, 1000 + seed++);
-        else
-          run_batch<__half>(c, mt, 1000 + seed++);
-      }
+    run_batches(1000);
+  }
+  // The wgmma kernels (sm_90a's path for whole-column head dims): the feature cases (type
+  // alternating) and the batch cases at every head-dim pair, under both schedules.
+  g_wg = true;
+  const int64_t products0 = emu_wgmma::products;
+  for (Schedule sched : {Schedule::kRoundRobin, Schedule::kWarpEager}) {
+    schedule = sched;
+    for (int di = 0; di < 4; ++di)
+      for (size_t fi = 0; fi < features.size(); ++fi) run((fi + di + (sched == Schedule::kWarpEager)) & 1, di, features[fi]);
+    run_batches(4000);
+  }
+  // MLA's wgmma kernels (FLASHINFER_MLA_WGMMA): the batches above, both column widths, and a
+  // split-KV one, round-robin only
+  schedule = Schedule::kRoundRobin;
+  for (int cols : {kPrefillVoPart, 2 * kPrefillVoPart}) {
+    run_mla<__half>(16, 64, {1, 3, 0, 2}, {70, 5, 9, 0}, 16, true, false, true, cols, 1, 5000 + seed++);
+    run_mla<__nv_bfloat16>(16, 64, {5}, {130}, 5, false, true, true, cols, 1, 5000 + seed++);
+    run_mla<__nv_bfloat16>(8, 0, {2, 1}, {33, 1}, 1, true, false, false, cols, 1, 5000 + seed++);
+    run_mla<__half>(4, 64, {17}, {9}, 16, true, true, true, cols, 1, 5000 + seed++);
+  }
+  run_mla<__nv_bfloat16>(16, 64, {1, 2, 1}, {300, 70, 0}, 16, true, false, true, kPrefillVoPart, 3, 5000 + seed++);
+  g_wg = false;
+  if (emu_wgmma::products == products0) {
+    std::printf("FAILED: the wgmma pass ran no warpgroup product\n");
+    ++failures;
   }
   std::printf("worst max|do| / tol %.3f, worst max|dlse| %.2e, %.1f s\n", worst_o, worst_lse,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
