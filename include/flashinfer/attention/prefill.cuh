@@ -4,7 +4,10 @@
 // XOR-swizzled shared memory by cp.async; each warp computes its scores with m16n8k16 MMAs (Q
 // rows as A, K rows as the col-major B), keeps an online softmax per row in registers (log2
 // units), turns the probabilities into A fragments in place and accumulates O += P V (V through
-// ldmatrix.trans).
+// ldmatrix.trans). On sm_90a (kWg, wgmma.cuh) the four warps act as one warpgroup and both
+// products are warpgroup MMAs over 128-byte-swizzled tiles (S from shared memory, P from
+// registers, or for MLA from shared memory); masking, softmax, the paged tables and the
+// epilogue are shared.
 #pragma once
 
 #include <cuda_runtime.h>

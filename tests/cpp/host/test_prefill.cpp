@@ -124,6 +124,11 @@ void test_grid_and_smem() {
   // with split scores' 8 KB P tile and two groups' row maxima (64 floats each) too
   CHECK(prefill_smem_bytes(512, 512, 1) + 2048 <= 227 * 1024);
   CHECK(prefill_smem_bytes(576, 512, 1, 2, true) + 2048 + 64 * 64 * 2 + 2 * 64 * 4 <= 227 * 1024);
+  // wgmma kernels: 1024 bytes of alignment slack (whole columns); MLA's static arrays padded to
+  // 11 KB instead (sP 8 KB, sMax 1 KB, page table 2 KB), no slack
+  CHECK(prefill_smem_bytes(256, 256, 1) + 1024 <= 227 * 1024);
+  CHECK(prefill_smem_bytes(128, 128, 2) + 1024 <= 227 * 1024 / 2);  // (two CTAs per SM)
+  CHECK(prefill_smem_bytes(576, 512, 1, 2, true) + 8192 + 1024 + 2048 <= 227 * 1024);
   // two M tiles: head dims <= 128, and only where the grid of 128-row CTAs fills 2 per SM
   CHECK(prefill_max_m_tiles(64, 64) == 2 && prefill_max_m_tiles(128, 128) == 2);
   CHECK(prefill_max_m_tiles(256, 256) == 1 && prefill_max_m_tiles(192, 128) == 1);
