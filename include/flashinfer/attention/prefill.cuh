@@ -54,11 +54,11 @@
 #define FLASHINFER_PREFILL_WGMMA 1
 #endif
 // wgmma kernels of one M tile overlap each tile's softmax with the previous tile's P V (K runs a
-// tile ahead of V): 1 on, 0 (default) off (products issued and waited on in turn). H200 A/B
+// tile ahead of V): 1 on, 0 (default) off (products issued and waited on in turn), 2 on with a
+// third K buffer (K copies two iterations ahead; emulator-checked only). H200 A/B of 1
 // (benchmarks/NOTES.md, session 21; 348 prefill tests passed with it on): head_dim 256 4096
 // causal 905 -> 880 us, but 128 x 4096 72 -> 89 and 1024 causal 54 -> 56 (its K(it + 2) copies
-// have one iteration to land, against the plain loop's K and V of one tile; a third K buffer
-// would give them two).
+// have one iteration to land, against the plain loop's K and V of one tile).
 #ifndef FLASHINFER_PREFILL_WG_OVERLAP
 #define FLASHINFER_PREFILL_WG_OVERLAP 0
 #endif
@@ -210,7 +210,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   }
 #endif
   char* sK = sQ + kRows * kRowQK;
-  char* sV = sK + 2 * kKeys * kRowQK;
+  // (the overlapped wgmma loop's mode 2: three K buffers)
+  constexpr int kKBufs = kWg && kMT == 1 && kVO == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP == 2 ? 3 : 2;
+  char* sV = sK + kKBufs * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = kVoGroups > 1 ? (tid >> 5) % kPrefillWarps : tid >> 5;  // (of the rows)
   // This warp's V / O columns: [part * kDVO, part * kDVO + kDVO); V's first 16-byte chunk in its tile.
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   };
   if constexpr (kPaged) {
     if (tid < 2 * kKeys) {
-      for (int s = 0; s < (kWgOverlap ? 3 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
+      for (int s = 0; s < (kWgOverlap ? kKBufs + 1 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
         const int64_t kv0 = kv_first + s * kKeys;
         set_row(s, kv0, page_id(kv0, row_r));
       }
@@ -384,12 +386,16 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
           p.v_stride_n, valid);
     }
   };
-  if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1)
+  if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1) (, then (K 2) with three K buffers)
     if (n_tiles > 0) load_k(0, kv_first);
     cp_async::commit();
     if (n_tiles > 0) load_v(0, kv_first);
     if (n_tiles > 1) load_k(1, kv_first + kKeys);
     cp_async::commit();
+    if constexpr (kKBufs == 3) {
+      if (n_tiles > 2) load_k(2, kv_first + 2 * kKeys);
+      cp_async::commit();
+    }
   } else {
     if (n_tiles > 0) load_kv(0, kv_first);
     cp_async::commit();
@@ -694,10 +700,12 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       FLASHINFER_PREFILL_PLAIN_LOOP < 0 ? kMode == PrefillMode::kSingle : FLASHINFER_PREFILL_PLAIN_LOOP != 0;
   if constexpr (kWgOverlap) {
     // S of tile it + 1 (sc) is computed and turned into probabilities while P V of tile it (P in
-    // pa) runs: K(t) sits in K buffer t % 2 and V(t) in V buffer t % 2; iteration it waits for
-    // K(it + 1) and V(it), then loads K(it + 2) and V(it + 1) into the buffers K(it) and V(it - 1)
-    // left. Paged: tile it + 3's table slot is written at the end of iteration it (its last
-    // readers, tile it - 1's copies, were issued before this iteration's first barrier).
+    // pa) runs: K(t) sits in K buffer t % kKBufs and V(t) in V buffer t % 2; iteration it waits
+    // for K(it + 1) and V(it), then loads K(it + kKBufs) and V(it + 1) into the buffers K(it) and
+    // V(it - 1) left (with three K buffers as two groups, V's first, so the wait leaves the newest
+    // K copies in flight). Paged: tile it + kKBufs + 1's table slot (t % 4) is written at the end of
+    // iteration it (its last readers, the copies of tile it + kKBufs - 3, were issued before this
+    // iteration's first barrier).
     float sc[kMT][kSNT][4];
     uint32_t pa[kKeys / 16][4];
     float alpha[kMT][2];
@@ -725,7 +733,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
     };
     if (n_tiles > 0) {
-      cp_async::wait(1);  // Q, K 0
+      cp_async::wait(kKBufs - 1);  // Q, K 0
       wgmma::fence_proxy_async();
       __syncthreads();
       issue_s(0);
@@ -746,22 +754,24 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         wgmma::Wgmma<T, kDVO>::rs_tn(&o[0][0][0], pa[kk], wgmma::desc_sw128(vs + kk * 2048, kKeys * 128, 1024), 1);
       wgmma::commit();
     };
-    auto wait_loads = [&]() {
-      cp_async::wait(0);
+    auto wait_loads = [&]() {  // (three K buffers: the newest group, K(it + 2), may stay in flight)
+      cp_async::wait(kKBufs - 2);
       wgmma::fence_proxy_async();
       __syncthreads();
     };
     for (int64_t it = 0; it + 1 < n_tiles; ++it) {
       const int64_t kv1 = kv_first + (it + 1) * kKeys;
       wait_loads();  // K(it + 1), V(it)
+      const int64_t ahead = it + kKBufs + 1;  // (the tile whose table entries this iteration writes)
       [[maybe_unused]] int next_id = -1;
       if constexpr (kPaged) {
-        if (tid < 2 * kKeys && it + 3 < n_tiles) next_id = page_id(kv_first + (it + 3) * kKeys, row_r);
+        if (tid < 2 * kKeys && ahead < n_tiles) next_id = page_id(kv_first + ahead * kKeys, row_r);
       }
-      issue_s(static_cast<int>((it + 1) & 1));
+      issue_s(static_cast<int>((it + 1) % kKBufs));
       issue_pv(it);
-      if (it + 2 < n_tiles) load_k(static_cast<int>(it & 1), kv1 + kKeys);
       load_v(static_cast<int>((it + 1) & 1), kv1);
+      if constexpr (kKBufs == 3) cp_async::commit();
+      if (it + kKBufs < n_tiles) load_k(static_cast<int>(it % kKBufs), kv_first + (it + kKBufs) * kKeys);
       cp_async::commit();
       wgmma::wait<1>();  // S(it + 1); P V (it) may still run
       wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
@@ -771,12 +781,13 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       rescale_o(alpha);
       pack_p();
       if constexpr (kPaged) {
-        if (tid < 2 * kKeys && it + 3 < n_tiles)
-          set_row(static_cast<int>((it + 3) % kAddrSlots), kv_first + (it + 3) * kKeys, next_id);
+        if (tid < 2 * kKeys && ahead < n_tiles) set_row(static_cast<int>(ahead % kAddrSlots), kv_first + ahead * kKeys, next_id);
       }
     }
     if (n_tiles > 0) {
-      wait_loads();  // V(n_tiles - 1)
+      cp_async::wait(0);  // V(n_tiles - 1)
+      wgmma::fence_proxy_async();
+      __syncthreads();
       issue_pv(n_tiles - 1);
       wgmma::wait<0>();
       wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
@@ -885,7 +896,9 @@ cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream
   constexpr bool kMla = kVO == PrefillVO::kMla;
   const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
   // (kWg: room to align the tiles to 1024 bytes; MLA has none: see the kernel)
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla)) + (kWg && !kMla ? 1024 : 0);
+  constexpr bool kThirdK = kWg && kMT == 1 && kVO == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP == 2;
+  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla)) + (kWg && !kMla ? 1024 : 0) +
+                      (kThirdK ? size_t{kPrefillKeys} * kDQK * 2 : 0);
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),

@@ -90,6 +90,12 @@ enum class Schedule { kRoundRobin, kWarpEager };
 Schedule schedule = Schedule::kRoundRobin;
 // The wgmma kernels (PrefillKernel's kWg, wgmma_emulated.h) instead of the mma.sync ones.
 bool g_wg = false;
+// What a wgmma kernel's launch adds to prefill_smem_bytes (launch_prefill's): the alignment
+// slack, and with FLASHINFER_PREFILL_WG_OVERLAP=2 a third K buffer at one M tile.
+size_t wg_extra_smem(int head_dim_qk, int mt) {
+  if (!g_wg) return 0;
+  return 1024 + (FLASHINFER_PREFILL_WG_OVERLAP == 2 && mt == 1 ? size_t{kPrefillKeys} * head_dim_qk * 2 : 0);
+}
 
 // Called after each CTA of launch_2d with its block index, where set (the batch test's check
 // that a CTA writes only its own rows).
@@ -389,8 +395,8 @@ void run_case(const Case& c, uint64_t seed) {
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid, kPrefillThreads, smem + (g_wg ? 1024 : 0),
-            p);
+  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid, kPrefillThreads,
+            smem + wg_extra_smem(p.head_dim_qk, mt), p);
 
   Result r;
   double max_v = 0;
@@ -616,10 +622,10 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
     };
     if (paged)
       launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
-                smem + (g_wg ? 1024 : 0), p);
+                smem + wg_extra_smem(DQ, mt), p);
     else
       launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
-                smem + (g_wg ? 1024 : 0), p);
+                smem + wg_extra_smem(DQ, mt), p);
     after_cta = nullptr;
   }
 

@@ -129,6 +129,9 @@ void test_grid_and_smem() {
   CHECK(prefill_smem_bytes(256, 256, 1) + 1024 <= 227 * 1024);
   CHECK(prefill_smem_bytes(128, 128, 2) + 1024 <= 227 * 1024 / 2);  // (two CTAs per SM)
   CHECK(prefill_smem_bytes(576, 512, 1, 2, true) + 8192 + 1024 + 2048 <= 227 * 1024);
+  // FLASHINFER_PREFILL_WG_OVERLAP=2 adds a third K buffer at one M tile
+  CHECK(prefill_smem_bytes(256, 256, 1) + 1024 + 64 * 256 * 2 <= 227 * 1024);
+  CHECK(prefill_smem_bytes(128, 128, 1) + 1024 + 64 * 128 * 2 <= 227 * 1024 / 2);
   // two M tiles: head dims <= 128, and only where the grid of 128-row CTAs fills 2 per SM
   CHECK(prefill_max_m_tiles(64, 64) == 2 && prefill_max_m_tiles(128, 128) == 2);
   CHECK(prefill_max_m_tiles(256, 256) == 1 && prefill_max_m_tiles(192, 128) == 1);
