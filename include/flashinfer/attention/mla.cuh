@@ -44,13 +44,13 @@ PrefillKernelPtr<T> mla_kernel(int head_dim_qk, int head_dim_vo, int vo_cols, bo
 }
 
 namespace detail {
-// One MLA kernel's launch: the wgmma one where enabled and usable.
+// One MLA kernel's launch: the wgmma one where usable (wg) and on (FLASHINFER_MLA_WGMMA).
 template <typename T, int kDQK, int kDVO>
-cudaError_t launch_mla(const PrefillParams<T>& p, cudaStream_t stream) {
+cudaError_t launch_mla(const PrefillParams<T>& p, bool wg, cudaStream_t stream) {
 #if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_MLA_WGMMA
-  if (prefill_wgmma_usable())
-    return launch_prefill<T, kDQK, kDVO, 1, PrefillMode::kPaged, PrefillVO::kMla, true>(p, p.num_items, stream);
+  if (wg) return launch_prefill<T, kDQK, kDVO, 1, PrefillMode::kPaged, PrefillVO::kMla, true>(p, p.num_items, stream);
 #endif
+  (void)wg;
   return launch_prefill<T, kDQK, kDVO, 1, PrefillMode::kPaged, PrefillVO::kMla>(p, p.num_items, stream);
 }
 }  // namespace detail
@@ -83,12 +83,12 @@ cudaError_t BatchMla(const PrefillParams<T>& p, int64_t total_q, const MlaMergeO
   DeviceInfo info;
   FLASHINFER_CUDA_TRY(current_device_info(&info));
   constexpr int kD = kMlaHeadDimCkv, kP = kPrefillVoPart;
-  const bool wide = mla_vo_cols(p.num_items, info.num_sms) == 2 * kP;
+  const bool wide = mla_vo_cols(p.num_items, info.num_sms) == 2 * kP, wg = detail::prefill_wgmma_usable(info);
   cudaError_t err;
   if (p.head_dim_qk == kD + 64)
-    err = wide ? detail::launch_mla<T, kD + 64, 2 * kP>(p, stream) : detail::launch_mla<T, kD + 64, kP>(p, stream);
+    err = wide ? detail::launch_mla<T, kD + 64, 2 * kP>(p, wg, stream) : detail::launch_mla<T, kD + 64, kP>(p, wg, stream);
   else
-    err = wide ? detail::launch_mla<T, kD, 2 * kP>(p, stream) : detail::launch_mla<T, kD, kP>(p, stream);
+    err = wide ? detail::launch_mla<T, kD, 2 * kP>(p, wg, stream) : detail::launch_mla<T, kD, kP>(p, wg, stream);
   if (err != cudaSuccess || !split) return err;
   return MergeStates(mla_merge_params(p, total_q, out), stream);
 }

@@ -65,6 +65,21 @@
 
 namespace flashinfer {
 namespace attention {
+
+// K tile buffers of a kernel: three in the overlapped wgmma loop's mode 2 (one M tile, whole
+// columns), else two.
+FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, PrefillVO vo) {
+  return wg && m_tiles == 1 && vo == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP == 2 ? 3 : 2;
+}
+// A kernel's dynamic shared memory: prefill_smem_bytes' tiles, and for a wgmma kernel 1024 bytes
+// of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
+FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
+                                                                   PrefillVO vo, bool wg) {
+  return prefill_smem_bytes(head_dim_qk, head_dim_vo, m_tiles, 2, vo == PrefillVO::kMla) +
+         (wg && vo != PrefillVO::kMla ? 1024 : 0) +
+         int64_t{prefill_k_bufs(wg, m_tiles, vo) - 2} * kPrefillKeys * head_dim_qk * 2;
+}
+
 namespace detail {
 
 // Byte offset of 16-byte chunk c of row r in a tile of kRows rows of kRowBytes bytes: the
@@ -211,7 +226,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
 #endif
   char* sK = sQ + kRows * kRowQK;
   // (the overlapped wgmma loop's mode 2: three K buffers)
-  constexpr int kKBufs = kWg && kMT == 1 && kVO == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP == 2 ? 3 : 2;
+  constexpr int kKBufs = prefill_k_bufs(kWg, kMT, kVO);
   char* sV = sK + kKBufs * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = kVoGroups > 1 ? (tid >> 5) % kPrefillWarps : tid >> 5;  // (of the rows)
@@ -331,6 +346,30 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     }
     __syncthreads();
   }
+  // The K tile / this CTA's V columns from key kv0 into buffer `buf` (paged: from table slot
+  // `slot`); the copies are issued, not committed.
+  auto load_k = [&](int buf, int slot, int64_t kv0) {
+    if constexpr (kPaged) {
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(sK + buf * kKeys * kRowQK,
+                                                                                     &page_addr[slot][0][0]);
+    } else {
+      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+      detail::prefill_load_rows<kRowQK, kKeys, kWg>(sK + buf * kKeys * kRowQK,
+                                                    p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
+                                                    p.k_stride_n, valid);
+    }
+  };
+  auto load_v = [&](int buf, int slot, int64_t kv0) {
+    if constexpr (kPaged) {
+      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
+          sV + buf * kKeys * kRowVO, &page_addr[slot][0][1], int64_t{part} * kDVO * 2);
+    } else {
+      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
+      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
+          sV + buf * kKeys * kRowVO,
+          p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h + part * kDVO, p.v_stride_n, valid);
+    }
+  };
   // K and V tiles of `stage` from key kv0 (their copies are issued, not committed).
   auto load_kv = [&](int stage, int64_t kv0) {
     if constexpr (kMla) {  // [ckv || kpe] rows; V is the K tile
@@ -343,19 +382,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     } else if constexpr (kPaged && kRowQK == kRowVO && kVO == PrefillVO::kWhole) {
       detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
                                                             &page_addr[stage][0][0]);
-    } else if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(sK + stage * kKeys * kRowQK,
-                                                                                     &page_addr[stage][0][0]);
-      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
-          sV + stage * kKeys * kRowVO, &page_addr[stage][0][1], int64_t{part} * kDVO * 2);
     } else {
-      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK,
-                                               p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
-                                               p.k_stride_n, valid);
-      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
-          sV + stage * kKeys * kRowVO,
-          p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h + part * kDVO, p.v_stride_n, valid);
+      load_k(stage, stage, kv0);
+      load_v(stage, stage, kv0);
     }
   };
   // kFusedScale: H200 A/B (NOTES, session 18): 2-3% faster for batch and head_dim 64, 1.5%
@@ -363,37 +392,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr bool kFusedScale = FLASHINFER_PREFILL_FUSED_SCALE < 0
                                    ? kMode != PrefillMode::kSingle || kDQK == 64
                                    : FLASHINFER_PREFILL_FUSED_SCALE != 0;
-  // (kWgOverlap: K and V tiles of one size in their own buffers)
-  auto load_k = [&](int buf, int64_t kv0) {
-    if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(
-          sK + buf * kKeys * kRowQK, &page_addr[(kv0 - kv_first) / kKeys % kAddrSlots][0][0]);
-    } else {
-      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowQK, kKeys, kWg>(
-          sK + buf * kKeys * kRowQK, p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
-          p.k_stride_n, valid);
-    }
-  };
-  auto load_v = [&](int buf, int64_t kv0) {
-    if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
-          sV + buf * kKeys * kRowVO, &page_addr[(kv0 - kv_first) / kKeys % kAddrSlots][0][1]);
-    } else {
-      const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
-          sV + buf * kKeys * kRowVO, p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h,
-          p.v_stride_n, valid);
-    }
-  };
   if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1) (, then (K 2) with three K buffers)
-    if (n_tiles > 0) load_k(0, kv_first);
+    if (n_tiles > 0) load_k(0, 0, kv_first);
     cp_async::commit();
-    if (n_tiles > 0) load_v(0, kv_first);
-    if (n_tiles > 1) load_k(1, kv_first + kKeys);
+    if (n_tiles > 0) load_v(0, 0, kv_first);
+    if (n_tiles > 1) load_k(1, 1, kv_first + kKeys);
     cp_async::commit();
     if constexpr (kKBufs == 3) {
-      if (n_tiles > 2) load_k(2, kv_first + 2 * kKeys);
+      if (n_tiles > 2) load_k(2, 2, kv_first + 2 * kKeys);
       cp_async::commit();
     }
   } else {
@@ -531,6 +537,35 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     }
   };
 
+  // wgmma products, issued and not committed: S(mt) (+)= Q K^T of M tile mt against the K tile at
+  // ks (split scores: this group's kSKeys keys, rows kSKeys vg .. of the tile), and O(mt) += P V
+  // with P's A fragments pa (keys 16 kk .. 16 kk + 15: two 8-key atom rows) and this group's V
+  // columns at vb (column blocks kKeys x 128 bytes apart).
+  [[maybe_unused]] auto wg_qk = [&](float* s, int mt, const char* ks) {
+    FLASHINFER_UNROLL
+    for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
+      const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
+      wgmma::Wgmma<T, kSKeys>::ss(s, wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
+                                  wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024),
+                                  1);
+    }
+  };
+  [[maybe_unused]] auto wg_pv = [&](float* out, const uint32_t(&pa)[kKeys / 16][4], const char* vb) {
+    FLASHINFER_UNROLL
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma::Wgmma<T, kDVO>::rs_tn(out, pa[kk], wgmma::desc_sw128(vb + kk * 2048, kKeys * 128, 1024), 1);
+  };
+  // P (all kKeys keys of the scores s) as those A fragments.
+  [[maybe_unused]] auto pack_p = [&](const float(&s)[kSNT][4], uint32_t(&pa)[kKeys / 16][4]) {
+    FLASHINFER_UNROLL
+    for (int kk = 0; kk < kSNT / 2; ++kk) {
+      pa[kk][0] = mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  };
+
   // One key tile: kMasked (a BoolTag) compiles the per-key masking path in; tiles that every
   // row sees whole (prefill_plain_tiles) run without it, so the main loop needs fewer registers.
   auto tile_step = [&](auto masked_tag, int64_t it) {
@@ -580,16 +615,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
-        FLASHINFER_UNROLL
-        for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
-          const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
-          // (split scores: this group's kSKeys keys, rows kSKeys vg .. of the K tile)
-          wgmma::Wgmma<T, kSKeys>::ss(
-              &sc[mt][0][0], wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
-              wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024), 1);
-        }
-      }
+      for (int mt = 0; mt < kMT; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
@@ -638,15 +664,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     } else if constexpr (kWg) {
       uint32_t a[kMT][kKeys / 16][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
-        FLASHINFER_UNROLL
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          a[mt][kk][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
-          a[mt][kk][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
-          a[mt][kk][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
-          a[mt][kk][3] = mma::pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
-        }
-      }
+      for (int mt = 0; mt < kMT; ++mt) pack_p(sc[mt], a[mt]);
       FLASHINFER_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
@@ -654,11 +672,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
-        FLASHINFER_UNROLL
-        for (int kk = 0; kk < kKeys / 16; ++kk)  // keys 16 kk ..: two 8-key atom rows; column blocks kKeys x 128 bytes apart
-          wgmma::Wgmma<T, kDVO>::rs_tn(&o[mt][0][0], a[mt][kk], wgmma::desc_sw128(vb + kk * 2048, kKeys * 128, 1024), 1);
-      }
+      for (int mt = 0; mt < kMT; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
@@ -714,23 +728,8 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
       wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
       wgmma::fence();
-      const char* ks = sK + buf * kKeys * kRowQK;
-      FLASHINFER_UNROLL
-      for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
-        const int col = (ks_ & 3) * 32;
-        wgmma::Wgmma<T, kKeys>::ss(&sc[0][0][0], wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + col, 16, 1024),
-                                   wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + col, 16, 1024), 1);
-      }
+      wg_qk(&sc[0][0][0], 0, sK + buf * kKeys * kRowQK);
       wgmma::commit();
-    };
-    auto pack_p = [&]() {
-      FLASHINFER_UNROLL
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        pa[kk][0] = mma::pack2<T>(sc[0][2 * kk][0], sc[0][2 * kk][1]);
-        pa[kk][1] = mma::pack2<T>(sc[0][2 * kk][2], sc[0][2 * kk][3]);
-        pa[kk][2] = mma::pack2<T>(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
-        pa[kk][3] = mma::pack2<T>(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
-      }
     };
     if (n_tiles > 0) {
       cp_async::wait(kKBufs - 1);  // Q, K 0
@@ -740,7 +739,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       wgmma::wait<0>();
       wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
       softmax_tile(BoolTag<true>{}, kv_first, sc, alpha);  // (O is zero: no rescale)
-      pack_p();
+      pack_p(sc[0], pa);
     }
     // (every iteration but the last issues S: ptxas serializes the products when the groups
     // in flight differ between paths; the last tile's P V runs after the loop)
@@ -748,10 +747,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
       wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
       wgmma::fence();
-      const char* vs = sV + (it & 1) * kKeys * kRowVO;
-      FLASHINFER_UNROLL
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma::Wgmma<T, kDVO>::rs_tn(&o[0][0][0], pa[kk], wgmma::desc_sw128(vs + kk * 2048, kKeys * 128, 1024), 1);
+      wg_pv(&o[0][0][0], pa, sV + (it & 1) * kKeys * kRowVO);
       wgmma::commit();
     };
     auto wait_loads = [&]() {  // (three K buffers: the newest group, K(it + 2), may stay in flight)
@@ -769,9 +765,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
       issue_s(static_cast<int>((it + 1) % kKBufs));
       issue_pv(it);
-      load_v(static_cast<int>((it + 1) & 1), kv1);
+      load_v(static_cast<int>((it + 1) & 1), static_cast<int>((it + 1) % kAddrSlots), kv1);
       if constexpr (kKBufs == 3) cp_async::commit();
-      if (it + kKBufs < n_tiles) load_k(static_cast<int>(it % kKBufs), kv_first + (it + kKBufs) * kKeys);
+      if (it + kKBufs < n_tiles)
+        load_k(static_cast<int>(it % kKBufs), static_cast<int>((it + kKBufs) % kAddrSlots), kv_first + (it + kKBufs) * kKeys);
       cp_async::commit();
       wgmma::wait<1>();  // S(it + 1); P V (it) may still run
       wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
@@ -779,7 +776,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       wgmma::wait<0>();
       wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
       rescale_o(alpha);
-      pack_p();
+      pack_p(sc[0], pa);
       if constexpr (kPaged) {
         if (tid < 2 * kKeys && ahead < n_tiles) set_row(static_cast<int>(ahead % kAddrSlots), kv_first + ahead * kKeys, next_id);
       }
@@ -893,48 +890,47 @@ template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO 
           bool kWg = false>
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
   constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO, kWg>;
-  constexpr bool kMla = kVO == PrefillVO::kMla;
   const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
-  // (kWg: room to align the tiles to 1024 bytes; MLA has none: see the kernel)
-  constexpr bool kThirdK = kWg && kMT == 1 && kVO == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP == 2;
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(kDQK, p.head_dim_vo, kMT, 2, kMla)) + (kWg && !kMla ? 1024 : 0) +
-                      (kThirdK ? size_t{kPrefillKeys} * kDQK * 2 : 0);
+  const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(kDQK, p.head_dim_vo, kMT, kVO, kWg));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
                 dim3(prefill_threads(kVO)), smem, stream, p.pdl, p);
 }
-// Whether the wgmma kernels run: this build has sm_90a code (FLASHINFER_ENABLE_WGMMA), the knob
-// is on, and the current device is a 9.0 one.
-inline bool prefill_wgmma_usable() {
-#if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_PREFILL_WGMMA
-  DeviceInfo info;
-  return current_device_info(&info) == cudaSuccess && info.cc_major == 9 && info.cc_minor == 0;
+// Whether wgmma kernels can run on `info`'s device: this build has sm_90a code
+// (FLASHINFER_ENABLE_WGMMA) and the device is a 9.0 one.
+inline bool prefill_wgmma_usable(const DeviceInfo& info) {
+#if defined(FLASHINFER_ENABLE_WGMMA)
+  return info.cc_major == 9 && info.cc_minor == 0;
 #else
+  (void)info;
   return false;
 #endif
 }
-// A whole-columns kernel: the wgmma one where usable (instantiated only in sm_90a builds).
+// A whole-columns kernel: the wgmma one where usable (wg) and on (FLASHINFER_PREFILL_WGMMA;
+// instantiated only in sm_90a builds).
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode>
-cudaError_t launch_prefill_whole(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
+cudaError_t launch_prefill_whole(const PrefillParams<T>& p, int64_t grid_x, bool wg, cudaStream_t stream) {
 #if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_PREFILL_WGMMA
-  if (prefill_wgmma_usable())
-    return launch_prefill<T, kDQK, kDVO, kMT, kMode, PrefillVO::kWhole, true>(p, grid_x, stream);
+  if (wg) return launch_prefill<T, kDQK, kDVO, kMT, kMode, PrefillVO::kWhole, true>(p, grid_x, stream);
 #endif
+  (void)wg;
   return launch_prefill<T, kDQK, kDVO, kMT, kMode>(p, grid_x, stream);
 }
 template <typename T, PrefillMode kMode>
-cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, cudaStream_t stream) {
+cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, const DeviceInfo& info,
+                             cudaStream_t stream) {
   const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
   const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
+  const bool wg = prefill_wgmma_usable(info);
   if (dqk == 64 && dvo == 64)
-    return two ? launch_prefill_whole<T, 64, 64, 2, kMode>(p, grid_x, stream)
-               : launch_prefill_whole<T, 64, 64, 1, kMode>(p, grid_x, stream);
+    return two ? launch_prefill_whole<T, 64, 64, 2, kMode>(p, grid_x, wg, stream)
+               : launch_prefill_whole<T, 64, 64, 1, kMode>(p, grid_x, wg, stream);
   if (dqk == 128 && dvo == 128)
-    return two ? launch_prefill_whole<T, 128, 128, 2, kMode>(p, grid_x, stream)
-               : launch_prefill_whole<T, 128, 128, 1, kMode>(p, grid_x, stream);
-  if (dqk == 256 && dvo == 256) return launch_prefill_whole<T, 256, 256, 1, kMode>(p, grid_x, stream);
-  if (dqk == 192 && dvo == 128) return launch_prefill_whole<T, 192, 128, 1, kMode>(p, grid_x, stream);
+    return two ? launch_prefill_whole<T, 128, 128, 2, kMode>(p, grid_x, wg, stream)
+               : launch_prefill_whole<T, 128, 128, 1, kMode>(p, grid_x, wg, stream);
+  if (dqk == 256 && dvo == 256) return launch_prefill_whole<T, 256, 256, 1, kMode>(p, grid_x, wg, stream);
+  if (dqk == 192 && dvo == 128) return launch_prefill_whole<T, 192, 128, 1, kMode>(p, grid_x, wg, stream);
   if (dqk == 512 && dvo == 512) return launch_prefill<T, 512, kPrefillVoPart, 1, kMode, PrefillVO::kParts>(p, grid_x, stream);
   return cudaErrorInvalidValue;
 }
@@ -949,7 +945,7 @@ cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream) {
   FLASHINFER_CUDA_TRY(current_device_info(&info));
   const int mt = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo, info.num_sms);
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
-  return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, stream);
+  return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, info, stream);
 }
 
 // Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
@@ -958,8 +954,10 @@ template <typename T>
 cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
   if (validate_batch(p) != Status::kSuccess) return cudaErrorInvalidValue;
   if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
-  return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, stream)
-                        : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, stream);
+  DeviceInfo info;
+  FLASHINFER_CUDA_TRY(current_device_info(&info));
+  return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, info, stream)
+                        : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, info, stream);
 }
 
 }  // namespace attention

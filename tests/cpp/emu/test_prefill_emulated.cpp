@@ -90,12 +90,6 @@ enum class Schedule { kRoundRobin, kWarpEager };
 Schedule schedule = Schedule::kRoundRobin;
 // The wgmma kernels (PrefillKernel's kWg, wgmma_emulated.h) instead of the mma.sync ones.
 bool g_wg = false;
-// What a wgmma kernel's launch adds to prefill_smem_bytes (launch_prefill's): the alignment
-// slack, and with FLASHINFER_PREFILL_WG_OVERLAP=2 a third K buffer at one M tile.
-size_t wg_extra_smem(int head_dim_qk, int mt) {
-  if (!g_wg) return 0;
-  return 1024 + (FLASHINFER_PREFILL_WG_OVERLAP == 2 && mt == 1 ? size_t{kPrefillKeys} * head_dim_qk * 2 : 0);
-}
 
 // Called after each CTA of launch_2d with its block index, where set (the batch test's check
 // that a CTA writes only its own rows).
@@ -391,12 +385,13 @@ void run_case(const Case& c, uint64_t seed) {
   static int turn = 0;
   const int mt = prefill_max_m_tiles(p.head_dim_qk, p.head_dim_vo) == 2 && (turn++ & 1) ? 2 : 1;
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(p.head_dim_qk, p.head_dim_vo, mt));
+  const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(
+      p.head_dim_qk, p.head_dim_vo, mt, prefill_vo_parts(p.head_dim_vo) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg));
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid, kPrefillThreads,
-            smem + wg_extra_smem(p.head_dim_qk, mt), p);
+            smem, p);
 
   Result r;
   double max_v = 0;
@@ -582,7 +577,8 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
   Result r;
   const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(KH),
                   static_cast<unsigned>(prefill_vo_parts(DV)));
-  const size_t smem = static_cast<size_t>(prefill_smem_bytes(DQ, DV, mt));
+  const size_t smem = static_cast<size_t>(
+      prefill_kernel_smem_bytes(DQ, DV, mt, prefill_vo_parts(DV) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   if (p.num_items > 0 && H > 0) {
     // each CTA writes only its own rows
@@ -622,10 +618,10 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
     };
     if (paged)
       launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
-                smem + wg_extra_smem(DQ, mt), p);
+                smem, p);
     else
       launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
-                smem + wg_extra_smem(DQ, mt), p);
+                smem, p);
     after_cta = nullptr;
   }
 
