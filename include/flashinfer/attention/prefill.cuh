@@ -54,22 +54,49 @@
 #define FLASHINFER_PREFILL_WGMMA 1
 #endif
 // wgmma kernels of one M tile overlap each tile's softmax with the previous tile's P V (K runs a
-// tile ahead of V): 1 on, 0 (default) off (products issued and waited on in turn), 2 on with a
-// third K buffer (K copies two iterations ahead; emulator-checked only). H200 A/B of 1
-// (benchmarks/NOTES.md, session 21; 348 prefill tests passed with it on): head_dim 256 4096
-// causal 905 -> 880 us, but 128 x 4096 72 -> 89 and 1024 causal 54 -> 56 (its K(it + 2) copies
-// have one iteration to land, against the plain loop's K and V of one tile).
+// tile ahead of V): 1 on, 0 off (products issued and waited on in turn), 2 on with a third K
+// buffer (K copies two iterations ahead), -1 (default) 2 at head_dim_qk 256 and off elsewhere.
+// H200 A/B (benchmarks/NOTES.md, sessions 21 and 22; test_prefill.py passed with 1 and with 2),
+// off / 1 / 2, us: head_dim 256 4096 causal 906 / 883 / 848; but 128 x 4096 71 / 90 / 83 and
+// 1024 causal 54 / 55 / 56 (small grids: the copies of K two tiles ahead land too late).
 #ifndef FLASHINFER_PREFILL_WG_OVERLAP
-#define FLASHINFER_PREFILL_WG_OVERLAP 0
+#define FLASHINFER_PREFILL_WG_OVERLAP -1
+#endif
+// wgmma kernels of two M tiles (head dims <= 128): 1 (default) two warpgroups (256 threads), one
+// M tile each, sharing the CTA's K / V tiles; 0 one warpgroup that runs both M tiles.
+#ifndef FLASHINFER_PREFILL_WG2
+#define FLASHINFER_PREFILL_WG2 1
+#endif
+// wgmma kernels whose warpgroups run one M tile, at head_dim_qk <= 128: Q's A fragments are loaded
+// into registers once and S = Q K^T reads only K from shared memory (rs), 1 (default); 0: Q from
+// shared memory too (ss). At 64 keys an ss product moves as many shared-memory bytes per cycle as
+// the SM's shared memory delivers (A 2 KB + B 2 KB per m64n64k16, 32 tensor-core cycles).
+#ifndef FLASHINFER_PREFILL_WG_QREG
+#define FLASHINFER_PREFILL_WG_QREG 1
 #endif
 
 namespace flashinfer {
 namespace attention {
 
-// K tile buffers of a kernel: three in the overlapped wgmma loop's mode 2 (one M tile, whole
-// columns), else two.
-FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, PrefillVO vo) {
-  return wg && m_tiles == 1 && vo == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP == 2 ? 3 : 2;
+// The overlapped wgmma loop's mode of a kernel (FLASHINFER_PREFILL_WG_OVERLAP; one M tile, whole
+// columns): 0 off, 1, 2.
+FLASHINFER_HOST_DEVICE constexpr int prefill_wg_overlap(bool wg, int m_tiles, PrefillVO vo, int head_dim_qk) {
+  return !(wg && m_tiles == 1 && vo == PrefillVO::kWhole) ? 0
+         : FLASHINFER_PREFILL_WG_OVERLAP >= 0      ? FLASHINFER_PREFILL_WG_OVERLAP
+         : head_dim_qk == 256                      ? 2
+                                                   : 0;
+}
+// K tile buffers of a kernel: three in the overlapped loop's mode 2, else two.
+FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, PrefillVO vo, int head_dim_qk) {
+  return prefill_wg_overlap(wg, m_tiles, vo, head_dim_qk) == 2 ? 3 : 2;
+}
+// Two warpgroups of one M tile each in place of one warpgroup of two (FLASHINFER_PREFILL_WG2).
+FLASHINFER_HOST_DEVICE constexpr bool prefill_wg2(bool wg, int m_tiles, PrefillVO vo) {
+  return wg && m_tiles == 2 && vo == PrefillVO::kWhole && FLASHINFER_PREFILL_WG2 != 0;
+}
+// Threads of a kernel's CTA.
+FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(int m_tiles, PrefillVO vo, bool wg) {
+  return prefill_wg2(wg, m_tiles, vo) ? 2 * kPrefillThreads : prefill_threads(vo);
 }
 // A kernel's dynamic shared memory: prefill_smem_bytes' tiles, and for a wgmma kernel 1024 bytes
 // of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
@@ -77,7 +104,7 @@ FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_
                                                                    PrefillVO vo, bool wg) {
   return prefill_smem_bytes(head_dim_qk, head_dim_vo, m_tiles, 2, vo == PrefillVO::kMla) +
          (wg && vo != PrefillVO::kMla ? 1024 : 0) +
-         int64_t{prefill_k_bufs(wg, m_tiles, vo) - 2} * kPrefillKeys * head_dim_qk * 2;
+         int64_t{prefill_k_bufs(wg, m_tiles, vo, head_dim_qk) - 2} * kPrefillKeys * head_dim_qk * 2;
 }
 
 namespace detail {
@@ -93,12 +120,12 @@ FLASHINFER_DEVICE uint32_t tile_offset(int r, int c) {
 // Copies kKeys rows of kRowBytes bytes (row r at src + r * stride_n elements) into a
 // swizzled tile; rows >= valid become zeros. Thread t moves 16-byte chunk t % kChunks of rows
 // t / kChunks + k * (threads / kChunks), its source pointer stepping by a precomputed stride.
-template <int kRowBytes, int kKeys, bool kSw128 = false, typename T>
+template <int kRowBytes, int kKeys, bool kSw128 = false, int kThreads = kPrefillThreads, typename T>
 FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride_n, int valid) {
   constexpr int kChunks = kRowBytes / 16;
   const int tid = threadIdx.x;
-  if constexpr (kPrefillThreads % kChunks == 0) {
-    constexpr int kStep = kPrefillThreads / kChunks;  // rows per pass
+  if constexpr (kThreads % kChunks == 0 && kKeys % (kThreads / kChunks) == 0) {
+    constexpr int kStep = kThreads / kChunks;  // rows per pass
     const int c = tid % kChunks, r0 = tid / kChunks;
     const T* s = src + r0 * stride_n + c * 8;
     const int64_t step = kStep * stride_n;
@@ -110,7 +137,7 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
     }
   } else {
     FLASHINFER_UNROLL
-    for (int i = tid; i < kKeys * kChunks; i += kPrefillThreads) {
+    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
       const int r = i / kChunks, c = i % kChunks;
       cp_async::copy16_or_zero(dst + tile_offset<kRowBytes, kKeys, kSw128>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
                                r < valid);
@@ -153,10 +180,10 @@ FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, i
 }
 
 // K and V rows of one size from the same table: one 16-byte shared load gives a row's two addresses.
-template <int kRowBytes, int kKeys, bool kSw128 = false>
+template <int kRowBytes, int kKeys, bool kSw128 = false, int kThreads = kPrefillThreads>
 FLASHINFER_DEVICE void prefill_load_kv_addr_rows(char* dst_k, char* dst_v, const uint64_t* addr) {
-  constexpr int kChunks = kRowBytes / 16, kStep = kPrefillThreads / kChunks;
-  static_assert(kPrefillThreads % kChunks == 0 && kKeys % kStep == 0, "whole rows per pass");
+  constexpr int kChunks = kRowBytes / 16, kStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kKeys % kStep == 0, "whole rows per pass");
   const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
   FLASHINFER_UNROLL
   for (int i = 0; i < kKeys / kStep; ++i) {
@@ -200,7 +227,7 @@ struct BoolTag {
 // from registers, V from shared memory) are wgmma products over 128-byte-swizzled tiles.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
           PrefillVO kVO = PrefillVO::kWhole, bool kWg = false>
-__global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const PrefillParams<T> p) {
+__global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
@@ -208,7 +235,12 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
   constexpr int kRowV = kMla ? kRowQK : kRowVO;
-  constexpr int kThreads = prefill_threads(kVO), kVoGroups = kThreads / kPrefillThreads;
+  constexpr int kThreads = prefill_kernel_threads(kMT, kVO, kWg), kVoGroups = prefill_threads(kVO) / kPrefillThreads;
+  // kWg2: warpgroup w runs M tile w (rows 64 w ..), so each thread holds kTM = 1 M tile; kQReg:
+  // Q's A fragments in registers (see FLASHINFER_PREFILL_WG_QREG).
+  constexpr bool kWg2 = prefill_wg2(kWg, kMT, kVO);
+  constexpr int kTM = kWg2 ? 1 : kMT;
+  constexpr bool kQReg = kWg && kTM == 1 && kVO == PrefillVO::kWhole && kDQK <= 128 && FLASHINFER_PREFILL_WG_QREG != 0;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
@@ -226,7 +258,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
 #endif
   char* sK = sQ + kRows * kRowQK;
   // (the overlapped wgmma loop's mode 2: three K buffers)
-  constexpr int kKBufs = prefill_k_bufs(kWg, kMT, kVO);
+  constexpr int kKBufs = prefill_k_bufs(kWg, kMT, kVO, kDQK);
   char* sV = sK + kKBufs * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = kVoGroups > 1 ? (tid >> 5) % kPrefillWarps : tid >> 5;  // (of the rows)
@@ -241,7 +273,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr bool kSplitS = kMla && FLASHINFER_MLA_SPLIT_S != 0;
   constexpr int kSKeys = kSplitS ? kPrefillKeys / kVoGroups : kPrefillKeys, kSNT = kSKeys / 8;
   const int vg = kSplitS ? (tid >> 5) / kPrefillWarps : 0;
-  constexpr int kSUnroll = FLASHINFER_MLA_SPLIT_S_UNROLL;
+  [[maybe_unused]] constexpr int kSUnroll = FLASHINFER_MLA_SPLIT_S_UNROLL;
   // (kWg: sP is the A operand of P V, a 128-byte-swizzled tile: 1024-byte aligned)
   alignas(kWg && kSplitS ? 1024 : 16) __shared__ char sP[kSplitS ? kPrefillMaxRows / 2 * kPrefillKeys * 2 : 16];
   __shared__ float sMax[kSplitS ? kVoGroups : 1][kSplitS ? kPrefillMaxRows / 2 * (kWg ? 2 : 1) : 1];
@@ -311,6 +343,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     cp_async::copy16_or_zero(sQ + detail::tile_offset<kRowQK, kRows, kWg>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
+  if constexpr (kQReg) cp_async::commit();  // (Q's own group: its fragments are loaded before the loop)
   // Paged: the byte addresses of every key row of a stage's tile in K and V (MLA: in the ckv and
   // kpe caches), written a tile ahead, so the copies issue without a dependent index load; bit 0
   // set: a zero row (past kv_len, or a page id outside the cache). page_id / set_row: the id load
@@ -318,7 +351,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // tid % kKeys.
   // kWgOverlap: K tiles are loaded a tile ahead of V (see the loop), and the table has four
   // slots, tile t in slot t % 4.
-  constexpr bool kWgOverlap = kWg && kMT == 1 && kVO == PrefillVO::kWhole && FLASHINFER_PREFILL_WG_OVERLAP != 0;
+  constexpr bool kWgOverlap = prefill_wg_overlap(kWg, kMT, kVO, kDQK) != 0;
   constexpr int kAddrSlots = kWgOverlap ? 4 : 2;
   __shared__ __align__(16) uint64_t page_addr[kPaged ? kAddrSlots : 1][kPaged ? kKeys : 1][2];
   auto page_id = [&](int64_t kv0, int r) -> int {
@@ -350,22 +383,22 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // `slot`); the copies are issued, not committed.
   auto load_k = [&](int buf, int slot, int64_t kv0) {
     if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(sK + buf * kKeys * kRowQK,
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kThreads, kWg>(sK + buf * kKeys * kRowQK,
                                                                                      &page_addr[slot][0][0]);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowQK, kKeys, kWg>(sK + buf * kKeys * kRowQK,
+      detail::prefill_load_rows<kRowQK, kKeys, kWg, kThreads>(sK + buf * kKeys * kRowQK,
                                                     p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
                                                     p.k_stride_n, valid);
     }
   };
   auto load_v = [&](int buf, int slot, int64_t kv0) {
     if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
+      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kThreads, kWg>(
           sV + buf * kKeys * kRowVO, &page_addr[slot][0][1], int64_t{part} * kDVO * 2);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
+      detail::prefill_load_rows<kRowVO, kKeys, kWg, kThreads>(
           sV + buf * kKeys * kRowVO,
           p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h + part * kDVO, p.v_stride_n, valid);
     }
@@ -380,7 +413,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         detail::prefill_load_addr_rows<kRowQK, kKeys, kCkv, kDQK / 8 - kCkv, kThreads, kWg>(sK + stage * kKeys * kRowQK,
                                                                                      &page_addr[stage][0][1]);
     } else if constexpr (kPaged && kRowQK == kRowVO && kVO == PrefillVO::kWhole) {
-      detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
+      detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg, kThreads>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
                                                             &page_addr[stage][0][0]);
     } else {
       load_k(stage, stage, kv0);
@@ -406,11 +439,25 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     if (n_tiles > 0) load_kv(0, kv_first);
     cp_async::commit();
   }
+  // Q's A fragments (kQReg): k-step ks of this warp's 16 rows, loaded once the Q tile has landed.
+  [[maybe_unused]] uint32_t qa[kQReg ? kDQK / 16 : 1][4];
+  [[maybe_unused]] auto load_q_frags = [&]() {
+    FLASHINFER_UNROLL
+    for (int ks = 0; ks < (kQReg ? kDQK / 16 : 0); ++ks)
+      mma::ldmatrix_x4(qa[ks], sQ + detail::tile_offset<kRowQK, kRows, true>(
+                                        warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4)));
+    if constexpr (kQReg) wgmma::fence_operands<kDQK / 4>(&qa[0][0]);
+  };
+  if constexpr (kQReg && !kWgOverlap) {
+    cp_async::wait(1);  // Q (the K / V group may still be in flight)
+    __syncthreads();
+    load_q_frags();
+  }
 
-  float o[kMT][kDVO / 8][4];
-  float m[kMT][2], d[kMT][2];
+  float o[kTM][kDVO / 8][4];
+  float m[kTM][2], d[kTM][2];
   FLASHINFER_UNROLL
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int mt = 0; mt < kTM; ++mt) {
     FLASHINFER_UNROLL
     for (int n = 0; n < kDVO / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     m[mt][0] = m[mt][1] = neg_inf();
@@ -419,13 +466,15 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // The warp's tokens, for deciding whether a tile needs per-key masking.
   // (kWg: the warp's first and last rows over its M tiles; the range between covers them)
   const int64_t w_pr0 = pr0 + warp * (kWg ? 16 : kWarpRows);
-  const int64_t w_end = kWg ? w_pr0 + (kMT - 1) * 64 + 16 : w_pr0 + kWarpRows;
+  const int64_t w_end = kWg ? w_pr0 + (kTM - 1) * 64 + 16 : w_pr0 + kWarpRows;
   const int64_t w_last = w_end - 1 < rows ? w_end - 1 : rows - 1;
   const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
 
   // One tile's scores -> probabilities in place (kMasked: a BoolTag, as tile_step's), m and d
   // updated; alpha_out: the factor O's rows must be rescaled by (rescale_o) before P V adds in.
-  auto softmax_tile = [&](auto masked_tag, int64_t kv0, float(&sc)[kMT][kSNT][4], float(&alpha_out)[kMT][2]) {
+  // (sc: float[kTM][kSNT][4], alpha_out: float[kTM][2]; generic parameters: cudafe++ 13.0 crashes on
+  // array-reference parameters sized by kTM)
+  auto softmax_tile = [&](auto masked_tag, int64_t kv0, auto& sc, auto& alpha_out) {
     constexpr bool kMasked = decltype(masked_tag)::value;
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
@@ -440,7 +489,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       mul = s_scale;
     } else if (full && plain) {
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kTM; ++mt) {
         FLASHINFER_UNROLL
         for (int n = 0; n < kSNT; ++n) {
           FLASHINFER_UNROLL
@@ -452,7 +501,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       // with a custom mask the row's first bit; then one select per score.
       const int j0 = static_cast<int>(kv0) + kSKeys * vg + tig * 2;
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kTM; ++mt) {
         FLASHINFER_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int64_t pr = row_of(mt, h);
@@ -482,9 +531,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
 
     // Online softmax per row; the row's 4 lanes (one quad) share its max (split scores: and the
     // other warp group's, through sMax).
-    float mxs[kMT][2];
+    float mxs[kTM][2];
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         float mx = neg_inf();
@@ -502,7 +551,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       mxs[0][1] = fmaxf(mxs[0][1], sMax[1 - vg][r + 8]);
     }
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[mt][h], mxs[mt][h]);
@@ -524,9 +573,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
     }
   };
-  auto rescale_o = [&](const float(&alpha)[kMT][2]) {
+  auto rescale_o = [&](const auto& alpha) {  // (float[kTM][2])
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         o[mt][n][0] *= alpha[mt][0];
@@ -541,13 +590,19 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // ks (split scores: this group's kSKeys keys, rows kSKeys vg .. of the tile), and O(mt) += P V
   // with P's A fragments pa (keys 16 kk .. 16 kk + 15: two 8-key atom rows) and this group's V
   // columns at vb (column blocks kKeys x 128 bytes apart).
+  // (kWg2: the warpgroup's M tile is warp / 4; kQReg: Q's A fragments from qa)
   [[maybe_unused]] auto wg_qk = [&](float* s, int mt, const char* ks) {
+    const int qt = kWg2 ? warp >> 2 : mt;
     FLASHINFER_UNROLL
     for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
       const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
-      wgmma::Wgmma<T, kSKeys>::ss(s, wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
-                                  wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024),
-                                  1);
+      const uint64_t kd = wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024);
+      if constexpr (kQReg) {
+        wgmma::Wgmma<T, kSKeys>::rs(s, qa[ks_], kd, 1);
+      } else {
+        wgmma::Wgmma<T, kSKeys>::ss(s, wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + qt * 64 * 128 + col, 16, 1024),
+                                    kd, 1);
+      }
     }
   };
   [[maybe_unused]] auto wg_pv = [&](float* out, const uint32_t(&pa)[kKeys / 16][4], const char* vb) {
@@ -584,17 +639,17 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       if (tid < 2 * kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, row_r);
     }
 
-    // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
-    float sc[kMT][kSNT][4];
+    // S = Q K^T: kTM x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
+    float sc[kTM][kSNT][4];
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
     }
     auto qk_step = [&](int kstep) {
-      uint32_t a[kMT][4];
+      uint32_t a[kTM][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kTM; ++mt)
         mma::ldmatrix_x4(a[mt], sQ + mma::swizzle_offset<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
                                                                      ((lane >> 3) & 1) * 8,
                                                                  2 * kstep + (lane >> 4)));
@@ -604,7 +659,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(kSKeys * vg + np * 16 + (lane & 7) + (lane >> 4) * 8,
                                                              2 * kstep + ((lane >> 3) & 1)));
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kTM; ++mt) {
           mma::mma_16816<T>(sc[mt][2 * np], a[mt], b);
           mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
         }
@@ -612,14 +667,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     };
     if constexpr (kWg) {
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
+      for (int mt = 0; mt < kTM; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
     } else if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
 #if defined(__CUDA_ARCH__)
 #pragma unroll(kSUnroll)
@@ -630,14 +685,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
     }
 
-    float alpha[kMT][2];
+    float alpha[kTM][2];
     softmax_tile(masked_tag, kv0, sc, alpha);
     rescale_o(alpha);
 
     // Split scores: this group's P into sP (row r, key kSKeys * vg + 8 n + 2 tig), read back by
     // both groups as A fragments.
     if constexpr (kSplitS) {
-      static_assert(kMT == 1, "split scores: one M tile");
+      static_assert(kTM == 1, "split scores: one M tile");
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) {
         FLASHINFER_UNROLL
@@ -662,31 +717,31 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       wgmma::wait<0>();
       wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
     } else if constexpr (kWg) {
-      uint32_t a[kMT][kKeys / 16][4];
+      uint32_t a[kTM][kKeys / 16][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) pack_p(sc[mt], a[mt]);
+      for (int mt = 0; mt < kTM; ++mt) pack_p(sc[mt], a[mt]);
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kTM; ++mt) {
         wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
         wgmma::fence_operands<kKeys / 4>(&a[mt][0][0]);
       }
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
+      for (int mt = 0; mt < kTM; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
+      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
     }
     FLASHINFER_UNROLL
     for (int kk = 0; kk < (kWg ? 0 : kKeys / 16); ++kk) {
-      uint32_t a[kMT][4];
+      uint32_t a[kTM][4];
       if constexpr (kSplitS) {
         mma::ldmatrix_x4(a[0], sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                    2 * kk + (lane >> 4)));
       } else {
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kTM; ++mt) {
           a[mt][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
           a[mt][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
           a[mt][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
@@ -699,7 +754,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         mma::ldmatrix_x4_trans(b, vs + mma::swizzle_offset<kRowV>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                   v_chunk0 + 2 * dp + (lane >> 4)));
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kTM; ++mt) {
           mma::mma_16816<T>(o[mt][2 * dp], a[mt], b);
           mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b + 2);
         }
@@ -720,9 +775,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     // K copies in flight). Paged: tile it + kKBufs + 1's table slot (t % 4) is written at the end of
     // iteration it (its last readers, the copies of tile it + kKBufs - 3, were issued before this
     // iteration's first barrier).
-    float sc[kMT][kSNT][4];
+    float sc[kTM][kSNT][4];
     uint32_t pa[kKeys / 16][4];
-    float alpha[kMT][2];
+    float alpha[kTM][2];
     auto issue_s = [&](int buf) {  // S = Q K(buf), committed as one group
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
@@ -735,6 +790,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       cp_async::wait(kKBufs - 1);  // Q, K 0
       wgmma::fence_proxy_async();
       __syncthreads();
+      load_q_frags();
       issue_s(0);
       wgmma::wait<0>();
       wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
@@ -822,7 +878,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   }
   // Epilogue: o / d (times v_scale), lse = m + log2(d); a row with no key: o = 0, lse = -inf.
   FLASHINFER_UNROLL
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int mt = 0; mt < kTM; ++mt) {
     FLASHINFER_UNROLL
     for (int h = 0; h < 2; ++h) {
       float den = d[mt][h];
@@ -895,7 +951,7 @@ cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
-                dim3(prefill_threads(kVO)), smem, stream, p.pdl, p);
+                dim3(prefill_kernel_threads(kMT, kVO, kWg)), smem, stream, p.pdl, p);
 }
 // Whether wgmma kernels can run on `info`'s device: this build has sm_90a code
 // (FLASHINFER_ENABLE_WGMMA) and the device is a 9.0 one.
