@@ -2,12 +2,14 @@
 // Checks, Params, launch; RoPE, mask packing and argument defaults live in the Python layer.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -186,6 +188,62 @@ std::pair<std::vector<int32_t>, int> plan_batch(const std::vector<int64_t>& qo_l
   return {flashinfer::attention::prefill_plan_batch(qo_lens, kv_lens, group, mt), mt};
 }
 
+// plan_batch with split-KV: (items, m_tiles, chunks). A batch of one-M-tile CTAs that leaves SMs
+// idle gets prefill_num_chunks key chunks per request (at most max_chunks: what the caller's
+// workspace holds; <= 1: no split) and items of prefill_split_items.
+std::tuple<std::vector<int32_t>, int, int> plan_batch_split(const std::vector<int64_t>& qo_lens,
+                                                            const std::vector<int64_t>& kv_lens, int64_t num_qo_heads,
+                                                            int64_t num_kv_heads, int head_dim_qk, int head_dim_vo,
+                                                            int num_sms, int max_chunks) {
+  auto [items, mt] = plan_batch(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, num_sms);
+  if (mt != 1 || max_chunks <= 1) return {std::move(items), mt, 1};
+  int64_t max_kv = 0;
+  for (int64_t l : kv_lens) max_kv = std::max(max_kv, l);
+  const int64_t ctas = static_cast<int64_t>(items.size() / 2) * num_kv_heads;
+  const int c = std::min(flashinfer::attention::prefill_num_chunks(ctas, max_kv, num_sms), max_chunks);
+  if (c <= 1) return {std::move(items), mt, 1};
+  return {flashinfer::attention::prefill_split_items(items, c), mt, c};
+}
+
+// Split-KV's partial-state buffers (the caller's float workspace): o_part (q's dtype, >= o_need
+// elements, 16-byte aligned) and lse_part (float32, >= l_need: the partial LSEs, then room for
+// the merged LSE when the caller asked for none), on q's device.
+void check_split_parts(const fb::Checker& c, const MutTensor& q, const std::optional<MutTensor>& o_part,
+                       const std::optional<MutTensor>& lse_part, fb::DType dt, int64_t o_need, int64_t l_need) {
+  if (!o_part || !lse_part) fb::fail(std::string(c.op) + ": split-KV needs o_part and lse_part");
+  c.dtype_is(*o_part, "o_part", dt);
+  c.dtype_is(*lse_part, "lse_part", fb::DType::kF32);
+  auto numel = [](const MutTensor& t) {
+    int64_t n = 1;
+    for (size_t i = 0; i < t.ndim(); ++i) n *= static_cast<int64_t>(t.shape(i));
+    return n;
+  };
+  auto dense = [](const MutTensor& t) { return t.ndim() <= 1 || t.stride(t.ndim() - 1) == 1; };
+  if (numel(*o_part) < o_need || numel(*lse_part) < l_need || !aligned16(o_part->data()) || !dense(*o_part) ||
+      !dense(*lse_part))
+    fb::fail(std::string(c.op) + ": the float workspace is too small for this plan's split-KV partial states (" +
+             std::to_string(o_need * 2 + l_need * 4) + " bytes)");
+  c.cuda_device({{&q, "q"}, {&*o_part, "o_part"}, {&*lse_part, "lse_part"}});
+}
+
+// Points p's outputs at the partial states, o_part [total_q, chunks, H, head_dim_vo] and lse_part
+// [total_q, chunks, H], and returns where the merge writes: p's outputs as they were (the merged
+// LSE in lse_part's spare room when p had none).
+template <typename T>
+flashinfer::attention::PrefillMergeOut<T> split_partials(flashinfer::attention::PrefillParams<T>& p, int chunks,
+                                                         int64_t total_q, const MutTensor& o_part,
+                                                         const MutTensor& lse_part) {
+  const int64_t hq = p.num_qo_heads, dvo = p.head_dim_vo;
+  float* parts = static_cast<float*>(lse_part.data());
+  flashinfer::attention::PrefillMergeOut<T> mo{p.o, p.o_stride_n, p.o_stride_h,
+                                               p.lse ? p.lse : parts + total_q * chunks * hq};
+  p.num_chunks = chunks;
+  p.o = static_cast<T*>(o_part.data());
+  p.o_stride_h = dvo, p.o_stride_c = hq * dvo, p.o_stride_n = chunks * hq * dvo;
+  p.lse = parts, p.lse_stride_n = chunks * hq;
+  return mo;
+}
+
 const int32_t* index_tensor(const fb::Checker& c, const MutTensor& t, const char* name) {
   c.ndim_in(t, name, {1}, "1-D int32");
   c.dtype_is(t, name, fb::DType::kI32);
@@ -198,7 +256,7 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
                    MutTensor kv_indptr, std::optional<MutTensor> page_indices, std::optional<MutTensor> last_page_len,
                    MutTensor items, int64_t num_items, int m_tiles, int page_size, int layout, bool causal,
                    int window_left, double sm_scale, double soft_cap, bool alibi, double v_scale, uintptr_t stream,
-                   bool enable_pdl) {
+                   bool enable_pdl, int num_chunks, std::optional<MutTensor> o_part, std::optional<MutTensor> lse_part) {
   const fb::Checker c{"BatchPrefillWrapper.run"};
   const bool paged = page_indices.has_value();
   if (layout != 0 && layout != 1) fb::fail(std::string(c.op) + ": kv_layout must be 0 (NHD) or 1 (HND); got " + std::to_string(layout));
@@ -245,6 +303,10 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   if (num_items < 0 || 2 * num_items > static_cast<int64_t>(items.shape(0)))
     fb::fail(std::string(c.op) + ": the plan's work items do not fit its buffer (re-plan)");
   if (m_tiles != 1 && m_tiles != 2) fb::fail(std::string(c.op) + ": m_tiles must be 1 or 2; got " + std::to_string(m_tiles));
+  const bool split = num_chunks > 1;
+  if (num_chunks < 0 || num_chunks > flashinfer::attention::kPrefillMaxChunks || (split && m_tiles != 1))
+    fb::fail(std::string(c.op) + ": num_chunks must be in [0, 64] (> 1 with m_tiles 1); got " + std::to_string(num_chunks));
+  if (split) check_split_parts(c, q, o_part, lse_part, dt, total_q * num_chunks * hq * dvo, total_q * (num_chunks + 1) * hq);
   const int32_t* mask_ind = nullptr;
   if (mask) {
     c.ndim_in(*mask, "packed_custom_mask", {1}, "1-D uint8 (bits packed little-endian)");
@@ -281,7 +343,9 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
       p.k_stride_page = k.stride(0), p.v_stride_page = v.stride(0);
       p.num_pages = static_cast<int64_t>(k.shape(0));
     }
-    const cudaError_t err = flashinfer::attention::BatchPrefill(p, m_tiles, fb::as_stream(stream));
+    const flashinfer::attention::PrefillMergeOut<T> mo =
+        split ? split_partials(p, num_chunks, total_q, *o_part, *lse_part) : flashinfer::attention::PrefillMergeOut<T>{};
+    const cudaError_t err = flashinfer::attention::BatchPrefill(p, m_tiles, fb::as_stream(stream), total_q, mo);
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }
@@ -372,22 +436,7 @@ void mla_run(MutTensor q, std::optional<MutTensor> q_pe, MutTensor ckv, std::opt
   const bool split = num_chunks > 1;
   if (num_chunks < 0 || num_chunks > flashinfer::attention::kMlaMaxChunks)
     fb::fail(std::string(c.op) + ": num_chunks must be in [0, 64]; got " + std::to_string(num_chunks));
-  if (split) {
-    if (!o_part || !lse_part) fb::fail(std::string(c.op) + ": split-KV needs o_part and lse_part");
-    c.dtype_is(*o_part, "o_part", dt);
-    c.dtype_is(*lse_part, "lse_part", fb::DType::kF32);
-    const int64_t o_need = total_q * num_chunks * hq * kDckv, l_need = total_q * (num_chunks + 1) * hq;
-    auto numel = [](const MutTensor& t) {
-      int64_t n = 1;
-      for (size_t i = 0; i < t.ndim(); ++i) n *= static_cast<int64_t>(t.shape(i));
-      return n;
-    };
-    if (numel(*o_part) < o_need || numel(*lse_part) < l_need || !aligned16(o_part->data()) ||
-        (o_part->ndim() > 1 && o_part->stride(o_part->ndim() - 1) != 1))
-      fb::fail(std::string(c.op) + ": the float workspace is too small for this plan's split-KV partial states (" +
-               std::to_string(o_need * 2 + l_need * 4) + " bytes)");
-    c.cuda_device({{&q, "q_nope"}, {&*o_part, "o_part"}, {&*lse_part, "lse_part"}});
-  }
+  if (split) check_split_parts(c, q, o_part, lse_part, dt, total_q * num_chunks * hq * kDckv, total_q * (num_chunks + 1) * hq);
   const int dev = c.cuda_device({{&q, "q_nope"}, {&ckv, "ckv_cache"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},
                                  {&kv_indptr, "kv_indptr"}, {&page_indices, "kv_indices"},
                                  {&last_page_len, "last_page_len"}, {&items, "items"}});
@@ -425,17 +474,8 @@ void mla_run(MutTensor q, std::optional<MutTensor> q_pe, MutTensor ckv, std::opt
     p.items = item_ptr, p.num_items = num_items;
     p.page_size = page_size;
     p.num_pages = static_cast<int64_t>(ckv.shape(0));
-    p.num_chunks = split ? num_chunks : 1;
-    p.lse_stride_n = hq;
-    flashinfer::attention::MlaMergeOut<T> mo{};
-    if (split) {  // partial states [total_q, num_chunks, H, 512] / [total_q, num_chunks, H]
-      mo.o = p.o, mo.o_stride_n = p.o_stride_n, mo.o_stride_h = p.o_stride_h;
-      float* parts = static_cast<float*>(lse_part->data());
-      mo.lse = p.lse ? p.lse : parts + total_q * num_chunks * hq;
-      p.o = static_cast<T*>(o_part->data());
-      p.o_stride_h = kDckv, p.o_stride_c = hq * kDckv, p.o_stride_n = num_chunks * hq * kDckv;
-      p.lse = parts, p.lse_stride_n = num_chunks * hq;
-    }
+    const flashinfer::attention::MlaMergeOut<T> mo =
+        split ? split_partials(p, num_chunks, total_q, *o_part, *lse_part) : flashinfer::attention::MlaMergeOut<T>{};
     const cudaError_t err = flashinfer::attention::BatchMla(p, total_q, mo, fb::as_stream(stream));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
@@ -453,7 +493,10 @@ NB_MODULE(_prefill, m) {
   m.def("batch_prefill", &batch_prefill, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mask"_a.none(),
         "mask_indptr"_a.none(), "qo_indptr"_a, "kv_indptr"_a, "page_indices"_a.none(), "last_page_len"_a.none(),
         "items"_a, "num_items"_a, "m_tiles"_a, "page_size"_a, "kv_layout"_a, "causal"_a, "window_left"_a, "sm_scale"_a,
-        "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a);
+        "soft_cap"_a, "alibi"_a, "v_scale"_a, "stream"_a, "pdl"_a, "num_chunks"_a = 1, "o_part"_a.none() = nb::none(),
+        "lse_part"_a.none() = nb::none());
+  m.def("plan_batch_split", &plan_batch_split, "qo_lens"_a, "kv_lens"_a, "num_qo_heads"_a, "num_kv_heads"_a,
+        "head_dim_qk"_a, "head_dim_vo"_a, "num_sms"_a, "max_chunks"_a);
   m.def("mla_plan", &mla_plan, "qo_lens"_a, "kv_lens"_a, "num_heads"_a, "num_sms"_a, "chunks"_a);
   m.def("mla_run", &mla_run, "q_nope"_a, "q_pe"_a.none(), "ckv"_a, "kpe"_a.none(), "out"_a, "lse"_a.none(), "qo_indptr"_a, "kv_indptr"_a,
         "page_indices"_a, "last_page_len"_a, "items"_a, "num_items"_a, "num_chunks"_a, "o_part"_a.none(),

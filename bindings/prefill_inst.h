@@ -14,7 +14,8 @@ namespace attention {
 template <typename T>
 cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream);
 template <typename T>
-cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream);
+cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream, int64_t total_q,
+                         const PrefillMergeOut<T>& out);
 template <typename T>
 cudaError_t BatchMla(const PrefillParams<T>& p, int64_t total_q, const MlaMergeOut<T>& out, cudaStream_t stream);
 }  // namespace attention

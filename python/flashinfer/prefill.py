@@ -527,6 +527,23 @@ class _BatchPrefillBase:
         if self._PAGED and self._gather is None and (self._pos_code == 1 or self._kv_dequant is not None):
             self._upload_gather_indices(self._non_blocking)
 
+    @staticmethod
+    def _split_part_bytes(total_q, num_qo_heads, head_dim_vo, chunks):
+        """Bytes of split-KV's partial states in the float workspace: o [total_q, chunks,
+        num_qo_heads, head_dim_vo] (16-bit; rounded to 256) and the LSEs [total_q, chunks + 1,
+        num_qo_heads] (float32; the last slice holds the merged LSE when run asks for none)."""
+        return ((total_q * chunks * num_qo_heads * head_dim_vo * 2 + 255) // 256 * 256,
+                total_q * (chunks + 1) * num_qo_heads * 4)
+
+    def _split_chunks_fit(self, total_q, num_qo_heads, head_dim_vo) -> int:
+        """The most split-KV chunks whose partial states fit the float workspace (<= 64)."""
+        ws = self._float_workspace_buffer
+        n = ws.numel() * ws.element_size() if ws is not None else 0
+        c = 64
+        while c > 1 and sum(self._split_part_bytes(total_q, num_qo_heads, head_dim_vo, c)) > n:
+            c //= 2
+        return c
+
     def _plan_common(self, qo_h, kv_indptr_h, kv_lens, pages_h, last_h, page_size, num_qo_heads, num_kv_heads,
                      head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
                      use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type,
@@ -618,10 +635,30 @@ class _BatchPrefillBase:
                 mask_dev = _as_device_u8(packed, self.device)
 
         # work items: (request, row tile) pairs; one M tile under CUDA graphs (a launch shape
-        # that does not depend on the plan) and for batch invariance
+        # that does not depend on the plan) and for batch invariance. Split-KV (prefill.h
+        # prefill_num_chunks): a batch whose CTAs leave SMs idle (e.g. a cascade's shared prefix)
+        # cuts every request's keys into chunks whose partial states go to the float workspace and
+        # are merged after the kernel; not under CUDA graphs or fixed_split_size / disable_split_kv
+        # (their launch shape and results must not depend on the batch), and only as many chunks
+        # as the workspace holds.
         sms = _ONE_M_TILE_SMS if (graph or one_m_tile) else _num_sms(self.device)
-        items_list, m_tiles = _prefill.plan_batch(qo_lens.tolist(), kv_lens.tolist(), num_qo_heads, num_kv_heads,
-                                                  head_dim_qk, head_dim_vo, sms)
+        total_q = int(qo_h[-1])
+        max_chunks = 1 if (graph or one_m_tile) else self._split_chunks_fit(total_q, num_qo_heads, head_dim_vo)
+        if max_chunks > 1 and hasattr(_prefill, "plan_batch_split"):
+            items_list, m_tiles, chunks = _prefill.plan_batch_split(qo_lens.tolist(), kv_lens.tolist(), num_qo_heads,
+                                                                    num_kv_heads, head_dim_qk, head_dim_vo, sms,
+                                                                    max_chunks)
+        else:
+            items_list, m_tiles = _prefill.plan_batch(qo_lens.tolist(), kv_lens.tolist(), num_qo_heads, num_kv_heads,
+                                                      head_dim_qk, head_dim_vo, sms)
+            chunks = 1
+        self._num_chunks, self._o_part, self._lse_part = int(chunks), None, None
+        if chunks > 1:
+            o_bytes, l_bytes = self._split_part_bytes(total_q, num_qo_heads, head_dim_vo, chunks)
+            ws = self._float_workspace_buffer
+            ws = ws if ws.dtype == torch.uint8 else ws.reshape(-1).view(torch.uint8)
+            self._o_part = ws[:o_bytes].view(getattr(torch, q_name))
+            self._lse_part = ws[o_bytes:o_bytes + l_bytes].view(torch.float32)
         items = np.asarray(items_list, dtype=np.int32).reshape(-1, 2)
         num_items = items.shape[0]
         if graph:
@@ -852,6 +889,8 @@ class _BatchPrefillBase:
                 q, k, v = self._rope_copies(q, k, v, layout)
             dl = self._to_dlpack if is_torch else fw.to_dlpack
             mask = self._mask
+            split = {} if self._num_chunks <= 1 else {"num_chunks": self._num_chunks, "o_part": self._to_dlpack(
+                self._o_part), "lse_part": self._to_dlpack(self._lse_part)}
             _prefill.batch_prefill(
                 dl(q), to_dlpack(k, "k"), to_dlpack(v, "v"), to_dlpack(k_out, "out"),
                 None if k_lse is None else to_dlpack(k_lse, "lse"),
@@ -862,7 +901,7 @@ class _BatchPrefillBase:
                 self._to_dlpack(self._items), self._num_items, self._m_tiles,
                 self._page_size if pages is not None else 1, layout, self._causal and mask is None,
                 self._k_window, sm_scale, self._k_cap, self._pos_code == 2, v_scale,
-                self._raw_stream(self._dev_index) if is_torch else fw.stream(q), enable_pdl is not False)
+                self._raw_stream(self._dev_index) if is_torch else fw.stream(q), enable_pdl is not False, **split)
         if want_lse:
             if k_lse is not lse:  # (torch) HN, or a given non-contiguous NH lse
                 src = k_lse if lse_layout == "NH" else k_lse.t()

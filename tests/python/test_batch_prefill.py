@@ -278,6 +278,49 @@ def test_ragged(case):
     assert torch.equal(w.run(*bt.run_args()), o)
 
 
+# Split-KV (prefill.h prefill_num_chunks): batches whose CTAs leave SMs idle, with keys enough for
+# chunks of >= 512. (kind, qo_lens, kv_lens, head_dim_qk, head_dim_vo, hq, hkv, dtype, causal,
+# layout, page_size, form, extra plan options)
+SPLIT_CASES = [
+    ("paged", [64], [8192], 128, 128, 32, 8, B, False, "NHD", 16, "5d", {}),  # a cascade's shared prefix
+    ("ragged", [5, 64, 0, 33], [3000, 6000, 700, 0], 128, 128, 32, 8, H, True, "HND", None, None, {}),
+    ("paged", [7, 1, 19], [4099, 2048, 1500], 64, 64, 28, 4, H, True, "HND", 5, "tuple4", {}),
+    ("ragged", [16, 3], [5000, 1024], 256, 256, 16, 4, B, False, "NHD", None, None, {"logits_soft_cap": 30.0}),
+    ("paged", [9], [4096], 192, 128, 16, 2, B, True, "NHD", 1, "tuple3", {"window_left": 1500}),
+    ("ragged", [2, 1], [3000, 1100], 512, 512, 8, 8, H, True, "NHD", None, None, {}),
+    ("paged", [33, 4], [2500, 3333], 128, 128, 8, 1, H, False, "HND", 16, "tuple4", {"pos_encoding_mode": "ALIBI"}),
+]
+
+
+def _split_id(c):
+    kind, qo, kv, dqk, dvo, hq, hkv, dt, causal, layout, ps, form, extra = c
+    return f"{kind}-q{sum(qo)}-kv{max(kv)}-d{dqk}/{dvo}-h{hq}/{hkv}-{'causal' if causal else 'full'}-{'-'.join(extra)}"
+
+
+@gpu
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_split_id)
+def test_split_kv(case):
+    """The plan splits these batches' keys (the wrapper's chunk count > 1) and the merged result
+    matches the float64 reference, with and without the LSE; disable_split_kv plans the same batch
+    unsplit (one M tile) and agrees with it."""
+    kind, qo_lens, kv_lens, dqk, dvo, hq, hkv, dtype, causal, layout, ps, form, extra = case
+    bt = Batch(kind, qo_lens, kv_lens, hq, hkv, dqk, dvo, dtype, layout, *((ps, form) if kind == "paged" else ()))
+    w = bt.wrapper()
+    bt.plan(w, causal=causal, **extra)
+    assert w._num_chunks > 1, "this batch should take split-KV"
+    o, lse = w.run(*bt.run_args(), return_lse=True)
+    assert o.shape == (sum(qo_lens), hq, dvo) and lse.shape == (sum(qo_lens), hq)
+    ref_kw = {"soft_cap": extra.get("logits_soft_cap", 0.0), "window_left": extra.get("window_left", -1),
+              "alibi": extra.get("pos_encoding_mode") == "ALIBI"}
+    check(o, lse, *bt.ref(causal=causal, **ref_kw))
+    assert torch.equal(w.run(*bt.run_args()), o), "return_lse must not change o"
+    w1 = bt.wrapper()
+    bt.plan(w1, causal=causal, disable_split_kv=True, **extra)
+    assert w1._num_chunks == 1
+    o1, lse1 = w1.run(*bt.run_args(), return_lse=True)
+    check(o1, lse1, *bt.ref(causal=causal, **ref_kw))
+
+
 @gpu
 @pytest.mark.smoke
 def test_batch_prefill_smoke():
@@ -1280,14 +1323,22 @@ class KernelEmulator:
 
     def __call__(self, q, k, v, out, lse, mask, mask_indptr, qo_indptr, kv_indptr, page_indices, last_page_len,
                  items, num_items, m_tiles, page_size, kv_layout, causal, window_left, sm_scale, soft_cap, alibi,
-                 v_scale, stream, pdl):
+                 v_scale, stream, pdl, num_chunks=1, o_part=None, lse_part=None):
         q, k, v, out, lse = (_from_dl(x) for x in (q, k, v, out, lse))
         mask, mask_indptr, qo_indptr, kv_indptr = (_from_dl(x) for x in (mask, mask_indptr, qo_indptr, kv_indptr))
         page_indices, last_page_len, items = (_from_dl(x) for x in (page_indices, last_page_len, items))
         self.calls += 1
         self.last = SimpleNamespace(paged=page_indices is not None, k_dtype=k.dtype, k_shape=tuple(k.shape),
-                                    kv_layout=kv_layout, sm_scale=sm_scale, v_scale=v_scale)
+                                    kv_layout=kv_layout, sm_scale=sm_scale, v_scale=v_scale, num_chunks=num_chunks)
         assert m_tiles in (1, 2) and items.dtype == torch.int32 and items.numel() >= 2 * num_items
+        # split-KV: items (b, t * num_chunks + c), one M tile, the partial states' buffers given (the
+        # binding merges them into out / lse: emulated by writing the result once per chunk)
+        chunks = max(int(num_chunks), 1)
+        if chunks > 1:
+            o_part, lse_part = _from_dl(o_part), _from_dl(lse_part)
+            hq_, dvo_ = q.shape[1], out.shape[2]
+            assert m_tiles == 1 and o_part.dtype == q.dtype and lse_part.dtype == torch.float32
+            assert o_part.numel() >= q.shape[0] * chunks * hq_ * dvo_ and lse_part.numel() >= q.shape[0] * (chunks + 1) * hq_
         assert qo_indptr.dtype == kv_indptr.dtype == torch.int32
         hq, hkv = q.shape[1], (k.shape[2 if kv_layout == 0 else 1] if page_indices is not None else
                                k.shape[1 if kv_layout == 0 else 0])
@@ -1298,6 +1349,7 @@ class KernelEmulator:
         it = items[:2 * num_items].view(-1, 2).tolist()
         self.launched_items.append(len(it))
         for b, t in it:
+            t //= chunks
             q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
             qo_len = q1 - q0
             pr0 = t * rows_per_tile
@@ -1337,7 +1389,7 @@ class KernelEmulator:
         rows_in_requests = torch.zeros(q.shape[0], dtype=torch.bool)
         for b in range(qo_indptr.numel() - 1):
             rows_in_requests[int(qo_indptr[b]):int(qo_indptr[b + 1])] = True
-        assert bool((written[rows_in_requests] == 1).all()), "every (row, head) of a request is written exactly once"
+        assert bool((written[rows_in_requests] == chunks).all()), "every (row, head) of a request: once per key chunk"
         assert bool((written[~rows_in_requests] == 0).all())
 
 
@@ -1384,8 +1436,10 @@ def emulated(monkeypatch):
 
     kernel = KernelEmulator()
     real_plan_batch = getattr(fprefill._prefill, "plan_batch", None)
-    monkeypatch.setattr(fprefill, "_prefill", SimpleNamespace(plan_batch=real_plan_batch or plan_batch,
-                                                              batch_prefill=kernel))
+    fns = dict(plan_batch=real_plan_batch or plan_batch, batch_prefill=kernel)
+    if hasattr(fprefill._prefill, "plan_batch_split"):
+        fns["plan_batch_split"] = fprefill._prefill.plan_batch_split
+    monkeypatch.setattr(fprefill, "_prefill", SimpleNamespace(**fns))
     monkeypatch.setattr(fprefill._BatchPrefillBase, "reset_workspace_buffer", reset)
     monkeypatch.setattr(fprefill._BatchPrefillBase, "_check_device_buf", check_buf)
     monkeypatch.setattr(fprefill, "_num_sms", lambda device: 132)
@@ -1571,6 +1625,36 @@ def test_emulated_fixed_split_uses_one_m_tile(emulated):
     assert w._m_tiles == 1
     bt.plan(w, disable_split_kv=True)
     assert w._m_tiles == 1
+
+
+@pytest.mark.skipif(not hasattr(fprefill._prefill, "plan_batch_split"), reason="this build has no split-KV plan")
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+def test_emulated_split_kv_plan(emulated, kind):
+    """A batch that leaves SMs idle with long keys: the plan cuts each row tile into key chunks
+    (items (b, t * chunks + c)), the partial states live in the float workspace and go to the
+    kernel; fixed_split_size / disable_split_kv and CUDA graphs plan no split; a workspace too
+    small for the partial states gets fewer chunks."""
+    bt = Batch(kind, [3, 40], [2048, 4096], 8, 2, 64, 64, B, dev=CPU)
+    w = bt.wrapper(dev=CPU)
+    bt.plan(w, causal=True)
+    chunks = w._num_chunks
+    assert w._m_tiles == 1 and 1 < chunks <= 64
+    items = w._items[:2 * w._num_items].view(-1, 2).tolist()
+    tiles = {(b, t) for b, t in items}
+    row_tiles = [(0, 0), (1, 0), (1, 1), (1, 2)]  # (packed rows: 3 x 4 and 40 x 4, tiles of 64)
+    assert len(items) == len(tiles) == len(row_tiles) * chunks
+    assert sorted({(b, t // chunks) for b, t in tiles}) == row_tiles
+    o, lse = w.run(*bt.run_args(), return_lse=True)
+    assert emulated.last.num_chunks == chunks
+    check(o, lse, *bt.ref(causal=True))
+    for kw in ({"fixed_split_size": 1024}, {"disable_split_kv": True}):
+        bt.plan(w, causal=True, **kw)
+        assert w._num_chunks == 1
+    small = Batch(kind, [3, 40], [2048, 4096], 8, 2, 64, 64, B, dev=CPU)
+    w2 = small.wrapper(dev=CPU)
+    w2.reset_workspace_buffer(torch.empty(200000, dtype=torch.uint8), None)  # (4 chunks of 43 x 8 x 64 fit, 8 not)
+    small.plan(w2, causal=True)
+    assert 1 < w2._num_chunks < chunks
 
 
 # --- fp8 K / V and paged RoPE: the gather / cast / rotate host paths --------------------------------

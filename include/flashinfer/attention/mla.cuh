@@ -1,5 +1,6 @@
 // DeepSeek MLA: the prefill kernel's PrefillVO::kMla instantiations (prefill.cuh), their launch
-// (mla.h's shape) and, with split-KV, the merge of the chunks' partial states (cascade.cuh).
+// (mla.h's shape) and, with split-KV, the merge of the chunks' partial states (prefill.cuh's
+// prefill_merge_params, cascade.cuh's MergeStates).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,21 +57,6 @@ cudaError_t launch_mla(const PrefillParams<T>& p, bool wg, cudaStream_t stream) 
 }
 }  // namespace detail
 
-// The merge of p's partial states: p.o [total_q, num_chunks, num_heads, 512] (p.o_stride_n,
-// p.o_stride_c, p.o_stride_h) and p.lse [total_q, num_chunks, num_heads] (p.lse_stride_n).
-template <typename T>
-MergeStatesParams<T> mla_merge_params(const PrefillParams<T>& p, int64_t total_q, const MlaMergeOut<T>& out) {
-  MergeStatesParams<T> m{};
-  m.v = p.o, m.s = p.lse;
-  m.v_out = out.o, m.s_out = out.lse;
-  m.seq_len = total_q, m.num_states = p.num_chunks, m.num_heads = p.num_qo_heads, m.head_dim = p.head_dim_vo;
-  m.in.v_n = p.o_stride_n, m.in.v_h = p.o_stride_h, m.v_stride_k = p.o_stride_c;
-  m.in.s_n = p.lse_stride_n, m.in.s_h = 1, m.s_stride_k = p.num_qo_heads;
-  m.out.v_n = out.o_stride_n, m.out.v_h = out.o_stride_h;
-  m.out.s_n = p.num_qo_heads, m.out.s_h = 1;
-  m.pdl = p.pdl;
-  return m;
-}
 
 // Launches MLA attention (p.items of mla_plan_items for p.num_chunks, one KV head, the ckv cache
 // in p.k and the kpe cache in p.k_rope) on `stream`. With p.num_chunks > 1, p.o / p.lse are the
@@ -91,7 +77,7 @@ cudaError_t BatchMla(const PrefillParams<T>& p, int64_t total_q, const MlaMergeO
   else
     err = wide ? detail::launch_mla<T, kD, 2 * kP>(p, wg, stream) : detail::launch_mla<T, kD, kP>(p, wg, stream);
   if (err != cudaSuccess || !split) return err;
-  return MergeStates(mla_merge_params(p, total_q, out), stream);
+  return MergeStates(prefill_merge_params(p, total_q, out), stream);
 }
 
 }  // namespace attention

@@ -52,29 +52,15 @@ FLASHINFER_HOST_DEVICE constexpr int mla_num_chunks(int64_t num_items, int64_t m
   return c > 1 ? static_cast<int>(c) : 1;
 }
 
-// Where split-KV's merge writes: o [total_q, num_heads, 512] (o_stride_n / o_stride_h
-// elements) and the base-2 lse [total_q, num_heads] (contiguous).
+// Where split-KV's merge writes: o [total_q, num_heads, 512] and the lse (prefill.h).
 template <typename T>
-struct MlaMergeOut {
-  T* o;
-  int64_t o_stride_n, o_stride_h;
-  float* lse;
-};
+using MlaMergeOut = PrefillMergeOut<T>;
 
 // The work items of prefill_plan_batch (one M tile) with each row tile t cut into `chunks`
 // items of tile field t * chunks + c (PrefillParams::num_chunks).
 inline std::vector<int32_t> mla_plan_items(const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens,
                                            int num_heads, int chunks) {
-  const std::vector<int32_t> base = prefill_plan_batch(qo_lens, kv_lens, num_heads, 1);
-  if (chunks <= 1) return base;
-  std::vector<int32_t> items;
-  items.reserve(base.size() * static_cast<size_t>(chunks));
-  for (size_t i = 0; i < base.size(); i += 2)
-    for (int c = 0; c < chunks; ++c) {
-      items.push_back(base[i]);
-      items.push_back(base[i + 1] * chunks + c);
-    }
-  return items;
+  return prefill_split_items(prefill_plan_batch(qo_lens, kv_lens, num_heads, 1), chunks);
 }
 
 }  // namespace attention

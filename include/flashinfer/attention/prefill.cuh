@@ -17,6 +17,7 @@
 #include "../mma.cuh"
 #include "../utils.cuh"
 #include "../wgmma.cuh"
+#include "cascade.cuh"
 #include "decode.cuh"
 #include "prefill.h"
 #include "state.h"
@@ -57,22 +58,10 @@
 // tile ahead of V): 1 on, 0 off (products issued and waited on in turn), 2 on with a third K
 // buffer (K copies two iterations ahead), -1 (default) 2 at head_dim_qk 256 and off elsewhere.
 // H200 A/B (benchmarks/NOTES.md, sessions 21 and 22; test_prefill.py passed with 1 and with 2),
-// off / 1 / 2, us: head_dim 256 4096 causal 906 / 883 / 848; but 128 x 4096 71 / 90 / 83 and
-// 1024 causal 54 / 55 / 56 (small grids: the copies of K two tiles ahead land too late).
+// off / 1 / 2, us: head_dim 256 4096 causal 906 / 883 / 848 (836 in a second run); but 128 x 4096
+// 71 / 90 / 83 and 1024 causal 54 / 55 / 56 (small grids: K copies two tiles ahead land late).
 #ifndef FLASHINFER_PREFILL_WG_OVERLAP
 #define FLASHINFER_PREFILL_WG_OVERLAP -1
-#endif
-// wgmma kernels of two M tiles (head dims <= 128): 1 (default) two warpgroups (256 threads), one
-// M tile each, sharing the CTA's K / V tiles; 0 one warpgroup that runs both M tiles.
-#ifndef FLASHINFER_PREFILL_WG2
-#define FLASHINFER_PREFILL_WG2 1
-#endif
-// wgmma kernels whose warpgroups run one M tile, at head_dim_qk <= 128: Q's A fragments are loaded
-// into registers once and S = Q K^T reads only K from shared memory (rs), 1 (default); 0: Q from
-// shared memory too (ss). At 64 keys an ss product moves as many shared-memory bytes per cycle as
-// the SM's shared memory delivers (A 2 KB + B 2 KB per m64n64k16, 32 tensor-core cycles).
-#ifndef FLASHINFER_PREFILL_WG_QREG
-#define FLASHINFER_PREFILL_WG_QREG 1
 #endif
 
 namespace flashinfer {
@@ -89,14 +78,6 @@ FLASHINFER_HOST_DEVICE constexpr int prefill_wg_overlap(bool wg, int m_tiles, Pr
 // K tile buffers of a kernel: three in the overlapped loop's mode 2, else two.
 FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, PrefillVO vo, int head_dim_qk) {
   return prefill_wg_overlap(wg, m_tiles, vo, head_dim_qk) == 2 ? 3 : 2;
-}
-// Two warpgroups of one M tile each in place of one warpgroup of two (FLASHINFER_PREFILL_WG2).
-FLASHINFER_HOST_DEVICE constexpr bool prefill_wg2(bool wg, int m_tiles, PrefillVO vo) {
-  return wg && m_tiles == 2 && vo == PrefillVO::kWhole && FLASHINFER_PREFILL_WG2 != 0;
-}
-// Threads of a kernel's CTA.
-FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(int m_tiles, PrefillVO vo, bool wg) {
-  return prefill_wg2(wg, m_tiles, vo) ? 2 * kPrefillThreads : prefill_threads(vo);
 }
 // A kernel's dynamic shared memory: prefill_smem_bytes' tiles, and for a wgmma kernel 1024 bytes
 // of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
@@ -120,12 +101,12 @@ FLASHINFER_DEVICE uint32_t tile_offset(int r, int c) {
 // Copies kKeys rows of kRowBytes bytes (row r at src + r * stride_n elements) into a
 // swizzled tile; rows >= valid become zeros. Thread t moves 16-byte chunk t % kChunks of rows
 // t / kChunks + k * (threads / kChunks), its source pointer stepping by a precomputed stride.
-template <int kRowBytes, int kKeys, bool kSw128 = false, int kThreads = kPrefillThreads, typename T>
+template <int kRowBytes, int kKeys, bool kSw128 = false, typename T>
 FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride_n, int valid) {
   constexpr int kChunks = kRowBytes / 16;
   const int tid = threadIdx.x;
-  if constexpr (kThreads % kChunks == 0 && kKeys % (kThreads / kChunks) == 0) {
-    constexpr int kStep = kThreads / kChunks;  // rows per pass
+  if constexpr (kPrefillThreads % kChunks == 0) {
+    constexpr int kStep = kPrefillThreads / kChunks;  // rows per pass
     const int c = tid % kChunks, r0 = tid / kChunks;
     const T* s = src + r0 * stride_n + c * 8;
     const int64_t step = kStep * stride_n;
@@ -137,7 +118,7 @@ FLASHINFER_DEVICE void prefill_load_rows(char* dst, const T* src, int64_t stride
     }
   } else {
     FLASHINFER_UNROLL
-    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
+    for (int i = tid; i < kKeys * kChunks; i += kPrefillThreads) {
       const int r = i / kChunks, c = i % kChunks;
       cp_async::copy16_or_zero(dst + tile_offset<kRowBytes, kKeys, kSw128>(r, c), src + (r < valid ? r : 0) * stride_n + c * 8,
                                r < valid);
@@ -180,10 +161,10 @@ FLASHINFER_DEVICE void prefill_load_addr_rows(char* dst, const uint64_t* addr, i
 }
 
 // K and V rows of one size from the same table: one 16-byte shared load gives a row's two addresses.
-template <int kRowBytes, int kKeys, bool kSw128 = false, int kThreads = kPrefillThreads>
+template <int kRowBytes, int kKeys, bool kSw128 = false>
 FLASHINFER_DEVICE void prefill_load_kv_addr_rows(char* dst_k, char* dst_v, const uint64_t* addr) {
-  constexpr int kChunks = kRowBytes / 16, kStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kKeys % kStep == 0, "whole rows per pass");
+  constexpr int kChunks = kRowBytes / 16, kStep = kPrefillThreads / kChunks;
+  static_assert(kPrefillThreads % kChunks == 0 && kKeys % kStep == 0, "whole rows per pass");
   const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
   FLASHINFER_UNROLL
   for (int i = 0; i < kKeys / kStep; ++i) {
@@ -227,7 +208,7 @@ struct BoolTag {
 // from registers, V from shared memory) are wgmma products over 128-byte-swizzled tiles.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
           PrefillVO kVO = PrefillVO::kWhole, bool kWg = false>
-__global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) PrefillKernel(const PrefillParams<T> p) {
+__global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
@@ -235,12 +216,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
   constexpr int kRowV = kMla ? kRowQK : kRowVO;
-  constexpr int kThreads = prefill_kernel_threads(kMT, kVO, kWg), kVoGroups = prefill_threads(kVO) / kPrefillThreads;
-  // kWg2: warpgroup w runs M tile w (rows 64 w ..), so each thread holds kTM = 1 M tile; kQReg:
-  // Q's A fragments in registers (see FLASHINFER_PREFILL_WG_QREG).
-  constexpr bool kWg2 = prefill_wg2(kWg, kMT, kVO);
-  constexpr int kTM = kWg2 ? 1 : kMT;
-  constexpr bool kQReg = kWg && kTM == 1 && kVO == PrefillVO::kWhole && kDQK <= 128 && FLASHINFER_PREFILL_WG_QREG != 0;
+  constexpr int kThreads = prefill_threads(kVO), kVoGroups = kThreads / kPrefillThreads;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
@@ -294,8 +270,10 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
     kv_len = !kPaged ? n : n > 0 ? (n - 1) * p.page_size + p.last_page_len[b] : 0;
     if (p.mask) mask_bit0 = int64_t{p.mask_indptr[b]} * 8;
   }
-  [[maybe_unused]] int chunk = 0;  // (MLA split-KV: the item's key chunk)
-  if constexpr (kMla) {
+  // Split-KV (batch kernels of one M tile, MLA; prefill.h): the item's key chunk.
+  constexpr bool kSplitKv = kMla || (kMode != PrefillMode::kSingle && kMT == 1);
+  [[maybe_unused]] int chunk = 0;
+  if constexpr (kSplitKv) {
     if (p.num_chunks > 1) chunk = static_cast<int>(tile % p.num_chunks), tile /= p.num_chunks;
   }
   const int64_t rows = qo_len * group, delta = kv_len - qo_len;
@@ -303,7 +281,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
   if (pr0 >= rows) return;
   const int64_t pr_end = pr0 + kRows < rows ? pr0 + kRows : rows;
   KeyRange kr = prefill_key_range(pr0, pr_end, group, qo_len, kv_len, p.causal, p.window_left, p.mask != nullptr);
-  if constexpr (kMla) {  // (chunks start on tile boundaries: their tiles need no extra masking)
+  if constexpr (kSplitKv) {  // (chunks start on tile boundaries: their tiles need no extra masking)
     if (p.num_chunks > 1) {
       const int64_t ck = mla_chunk_keys(kv_len, p.num_chunks), lo = chunk * ck;
       kr.begin = kr.begin > lo ? kr.begin : lo;
@@ -343,7 +321,6 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
     cp_async::copy16_or_zero(sQ + detail::tile_offset<kRowQK, kRows, kWg>(r, c),
                              p.q + (q0 + t) * p.q_stride_n + head * p.q_stride_h + c * 8, ok);
   }
-  if constexpr (kQReg) cp_async::commit();  // (Q's own group: its fragments are loaded before the loop)
   // Paged: the byte addresses of every key row of a stage's tile in K and V (MLA: in the ckv and
   // kpe caches), written a tile ahead, so the copies issue without a dependent index load; bit 0
   // set: a zero row (past kv_len, or a page id outside the cache). page_id / set_row: the id load
@@ -383,22 +360,22 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
   // `slot`); the copies are issued, not committed.
   auto load_k = [&](int buf, int slot, int64_t kv0) {
     if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kThreads, kWg>(sK + buf * kKeys * kRowQK,
+      detail::prefill_load_addr_rows<kRowQK, kKeys, 0, kRowQK / 16, kPrefillThreads, kWg>(sK + buf * kKeys * kRowQK,
                                                                                      &page_addr[slot][0][0]);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowQK, kKeys, kWg, kThreads>(sK + buf * kKeys * kRowQK,
+      detail::prefill_load_rows<kRowQK, kKeys, kWg>(sK + buf * kKeys * kRowQK,
                                                     p.k + (kv_base + kv0) * p.k_stride_n + int64_t{kv_head} * p.k_stride_h,
                                                     p.k_stride_n, valid);
     }
   };
   auto load_v = [&](int buf, int slot, int64_t kv0) {
     if constexpr (kPaged) {
-      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kThreads, kWg>(
+      detail::prefill_load_addr_rows<kRowVO, kKeys, 0, kRowVO / 16, kPrefillThreads, kWg>(
           sV + buf * kKeys * kRowVO, &page_addr[slot][0][1], int64_t{part} * kDVO * 2);
     } else {
       const int valid = static_cast<int>(kv_len - kv0 < kKeys ? kv_len - kv0 : kKeys);
-      detail::prefill_load_rows<kRowVO, kKeys, kWg, kThreads>(
+      detail::prefill_load_rows<kRowVO, kKeys, kWg>(
           sV + buf * kKeys * kRowVO,
           p.v + (kv_base + kv0) * p.v_stride_n + int64_t{kv_head} * p.v_stride_h + part * kDVO, p.v_stride_n, valid);
     }
@@ -413,7 +390,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
         detail::prefill_load_addr_rows<kRowQK, kKeys, kCkv, kDQK / 8 - kCkv, kThreads, kWg>(sK + stage * kKeys * kRowQK,
                                                                                      &page_addr[stage][0][1]);
     } else if constexpr (kPaged && kRowQK == kRowVO && kVO == PrefillVO::kWhole) {
-      detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg, kThreads>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
+      detail::prefill_load_kv_addr_rows<kRowQK, kKeys, kWg>(sK + stage * kKeys * kRowQK, sV + stage * kKeys * kRowVO,
                                                             &page_addr[stage][0][0]);
     } else {
       load_k(stage, stage, kv0);
@@ -439,25 +416,11 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
     if (n_tiles > 0) load_kv(0, kv_first);
     cp_async::commit();
   }
-  // Q's A fragments (kQReg): k-step ks of this warp's 16 rows, loaded once the Q tile has landed.
-  [[maybe_unused]] uint32_t qa[kQReg ? kDQK / 16 : 1][4];
-  [[maybe_unused]] auto load_q_frags = [&]() {
-    FLASHINFER_UNROLL
-    for (int ks = 0; ks < (kQReg ? kDQK / 16 : 0); ++ks)
-      mma::ldmatrix_x4(qa[ks], sQ + detail::tile_offset<kRowQK, kRows, true>(
-                                        warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4)));
-    if constexpr (kQReg) wgmma::fence_operands<kDQK / 4>(&qa[0][0]);
-  };
-  if constexpr (kQReg && !kWgOverlap) {
-    cp_async::wait(1);  // Q (the K / V group may still be in flight)
-    __syncthreads();
-    load_q_frags();
-  }
 
-  float o[kTM][kDVO / 8][4];
-  float m[kTM][2], d[kTM][2];
+  float o[kMT][kDVO / 8][4];
+  float m[kMT][2], d[kMT][2];
   FLASHINFER_UNROLL
-  for (int mt = 0; mt < kTM; ++mt) {
+  for (int mt = 0; mt < kMT; ++mt) {
     FLASHINFER_UNROLL
     for (int n = 0; n < kDVO / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     m[mt][0] = m[mt][1] = neg_inf();
@@ -466,15 +429,13 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
   // The warp's tokens, for deciding whether a tile needs per-key masking.
   // (kWg: the warp's first and last rows over its M tiles; the range between covers them)
   const int64_t w_pr0 = pr0 + warp * (kWg ? 16 : kWarpRows);
-  const int64_t w_end = kWg ? w_pr0 + (kTM - 1) * 64 + 16 : w_pr0 + kWarpRows;
+  const int64_t w_end = kWg ? w_pr0 + (kMT - 1) * 64 + 16 : w_pr0 + kWarpRows;
   const int64_t w_last = w_end - 1 < rows ? w_end - 1 : rows - 1;
   const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
 
   // One tile's scores -> probabilities in place (kMasked: a BoolTag, as tile_step's), m and d
   // updated; alpha_out: the factor O's rows must be rescaled by (rescale_o) before P V adds in.
-  // (sc: float[kTM][kSNT][4], alpha_out: float[kTM][2]; generic parameters: cudafe++ 13.0 crashes on
-  // array-reference parameters sized by kTM)
-  auto softmax_tile = [&](auto masked_tag, int64_t kv0, auto& sc, auto& alpha_out) {
+  auto softmax_tile = [&](auto masked_tag, int64_t kv0, float(&sc)[kMT][kSNT][4], float(&alpha_out)[kMT][2]) {
     constexpr bool kMasked = decltype(masked_tag)::value;
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
@@ -489,7 +450,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       mul = s_scale;
     } else if (full && plain) {
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
         for (int n = 0; n < kSNT; ++n) {
           FLASHINFER_UNROLL
@@ -501,7 +462,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       // with a custom mask the row's first bit; then one select per score.
       const int j0 = static_cast<int>(kv0) + kSKeys * vg + tig * 2;
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
         FLASHINFER_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int64_t pr = row_of(mt, h);
@@ -531,9 +492,9 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
 
     // Online softmax per row; the row's 4 lanes (one quad) share its max (split scores: and the
     // other warp group's, through sMax).
-    float mxs[kTM][2];
+    float mxs[kMT][2];
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kTM; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         float mx = neg_inf();
@@ -551,7 +512,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       mxs[0][1] = fmaxf(mxs[0][1], sMax[1 - vg][r + 8]);
     }
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kTM; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[mt][h], mxs[mt][h]);
@@ -573,9 +534,9 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       }
     }
   };
-  auto rescale_o = [&](const auto& alpha) {  // (float[kTM][2])
+  auto rescale_o = [&](const float(&alpha)[kMT][2]) {
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kTM; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         o[mt][n][0] *= alpha[mt][0];
@@ -590,19 +551,13 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
   // ks (split scores: this group's kSKeys keys, rows kSKeys vg .. of the tile), and O(mt) += P V
   // with P's A fragments pa (keys 16 kk .. 16 kk + 15: two 8-key atom rows) and this group's V
   // columns at vb (column blocks kKeys x 128 bytes apart).
-  // (kWg2: the warpgroup's M tile is warp / 4; kQReg: Q's A fragments from qa)
   [[maybe_unused]] auto wg_qk = [&](float* s, int mt, const char* ks) {
-    const int qt = kWg2 ? warp >> 2 : mt;
     FLASHINFER_UNROLL
     for (int ks_ = 0; ks_ < kDQK / 16; ++ks_) {
       const int col = (ks_ & 3) * 32;  // (32 bytes per k-step inside a column block)
-      const uint64_t kd = wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024);
-      if constexpr (kQReg) {
-        wgmma::Wgmma<T, kSKeys>::rs(s, qa[ks_], kd, 1);
-      } else {
-        wgmma::Wgmma<T, kSKeys>::ss(s, wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + qt * 64 * 128 + col, 16, 1024),
-                                    kd, 1);
-      }
+      wgmma::Wgmma<T, kSKeys>::ss(s, wgmma::desc_sw128(sQ + (ks_ >> 2) * kRows * 128 + mt * 64 * 128 + col, 16, 1024),
+                                  wgmma::desc_sw128(ks + (ks_ >> 2) * kKeys * 128 + kSKeys * vg * 128 + col, 16, 1024),
+                                  1);
     }
   };
   [[maybe_unused]] auto wg_pv = [&](float* out, const uint32_t(&pa)[kKeys / 16][4], const char* vb) {
@@ -639,17 +594,17 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       if (tid < 2 * kKeys && it + 2 < n_tiles) next_id = page_id(kv0 + 2 * kKeys, row_r);
     }
 
-    // S = Q K^T: kTM x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
-    float sc[kTM][kSNT][4];
+    // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
+    float sc[kMT][kSNT][4];
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kTM; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
     }
     auto qk_step = [&](int kstep) {
-      uint32_t a[kTM][4];
+      uint32_t a[kMT][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
         mma::ldmatrix_x4(a[mt], sQ + mma::swizzle_offset<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
                                                                      ((lane >> 3) & 1) * 8,
                                                                  2 * kstep + (lane >> 4)));
@@ -659,7 +614,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
         mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(kSKeys * vg + np * 16 + (lane & 7) + (lane >> 4) * 8,
                                                              2 * kstep + ((lane >> 3) & 1)));
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kTM; ++mt) {
+        for (int mt = 0; mt < kMT; ++mt) {
           mma::mma_16816<T>(sc[mt][2 * np], a[mt], b);
           mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
         }
@@ -667,14 +622,14 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
     };
     if constexpr (kWg) {
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
+      for (int mt = 0; mt < kMT; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
     } else if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
 #if defined(__CUDA_ARCH__)
 #pragma unroll(kSUnroll)
@@ -685,14 +640,14 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
     }
 
-    float alpha[kTM][2];
+    float alpha[kMT][2];
     softmax_tile(masked_tag, kv0, sc, alpha);
     rescale_o(alpha);
 
     // Split scores: this group's P into sP (row r, key kSKeys * vg + 8 n + 2 tig), read back by
     // both groups as A fragments.
     if constexpr (kSplitS) {
-      static_assert(kTM == 1, "split scores: one M tile");
+      static_assert(kMT == 1, "split scores: one M tile");
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) {
         FLASHINFER_UNROLL
@@ -717,31 +672,31 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       wgmma::wait<0>();
       wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
     } else if constexpr (kWg) {
-      uint32_t a[kTM][kKeys / 16][4];
+      uint32_t a[kMT][kKeys / 16][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) pack_p(sc[mt], a[mt]);
+      for (int mt = 0; mt < kMT; ++mt) pack_p(sc[mt], a[mt]);
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
         wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
         wgmma::fence_operands<kKeys / 4>(&a[mt][0][0]);
       }
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
+      for (int mt = 0; mt < kMT; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
+      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
     }
     FLASHINFER_UNROLL
     for (int kk = 0; kk < (kWg ? 0 : kKeys / 16); ++kk) {
-      uint32_t a[kTM][4];
+      uint32_t a[kMT][4];
       if constexpr (kSplitS) {
         mma::ldmatrix_x4(a[0], sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                    2 * kk + (lane >> 4)));
       } else {
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kTM; ++mt) {
+        for (int mt = 0; mt < kMT; ++mt) {
           a[mt][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
           a[mt][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
           a[mt][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
@@ -754,7 +709,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
         mma::ldmatrix_x4_trans(b, vs + mma::swizzle_offset<kRowV>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                   v_chunk0 + 2 * dp + (lane >> 4)));
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kTM; ++mt) {
+        for (int mt = 0; mt < kMT; ++mt) {
           mma::mma_16816<T>(o[mt][2 * dp], a[mt], b);
           mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b + 2);
         }
@@ -775,9 +730,9 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
     // K copies in flight). Paged: tile it + kKBufs + 1's table slot (t % 4) is written at the end of
     // iteration it (its last readers, the copies of tile it + kKBufs - 3, were issued before this
     // iteration's first barrier).
-    float sc[kTM][kSNT][4];
+    float sc[kMT][kSNT][4];
     uint32_t pa[kKeys / 16][4];
-    float alpha[kTM][2];
+    float alpha[kMT][2];
     auto issue_s = [&](int buf) {  // S = Q K(buf), committed as one group
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
@@ -790,7 +745,6 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       cp_async::wait(kKBufs - 1);  // Q, K 0
       wgmma::fence_proxy_async();
       __syncthreads();
-      load_q_frags();
       issue_s(0);
       wgmma::wait<0>();
       wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
@@ -878,7 +832,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
   }
   // Epilogue: o / d (times v_scale), lse = m + log2(d); a row with no key: o = 0, lse = -inf.
   FLASHINFER_UNROLL
-  for (int mt = 0; mt < kTM; ++mt) {
+  for (int mt = 0; mt < kMT; ++mt) {
     FLASHINFER_UNROLL
     for (int h = 0; h < 2; ++h) {
       float den = d[mt][h];
@@ -891,15 +845,16 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kMT, kVO, kWg)) Prefill
       const int qh = kv_head * group + static_cast<int>(pr - t * group);
       const float inv = den > 0.f ? p.v_scale / den : 0.f;
       T* orow = p.o + (q0 + t) * p.o_stride_n + int64_t{qh} * p.o_stride_h + part * kDVO;
-      if constexpr (kMla) orow += chunk * p.o_stride_c;
+      if constexpr (kSplitKv) orow += chunk * p.o_stride_c;
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         const uint32_t w = mma::pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + n * 8 + tig * 2) = w;
       }
       if (p.lse && tig == 0 && part == 0) {
-        const int64_t at = kMla ? (q0 + t) * p.lse_stride_n + int64_t{chunk} * p.num_qo_heads + qh
-                                : (q0 + t) * p.num_qo_heads + qh;
+        const int64_t at = kSplitKv && p.num_chunks > 1
+                               ? (q0 + t) * p.lse_stride_n + int64_t{chunk} * p.num_qo_heads + qh
+                               : (q0 + t) * p.num_qo_heads + qh;
         p.lse[at] = den > 0.f ? m[mt][h] + log2f(den) : neg_inf();
       }
     }
@@ -951,7 +906,7 @@ cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
-                dim3(prefill_kernel_threads(kMT, kVO, kWg)), smem, stream, p.pdl, p);
+                dim3(prefill_threads(kVO)), smem, stream, p.pdl, p);
 }
 // Whether wgmma kernels can run on `info`'s device: this build has sm_90a code
 // (FLASHINFER_ENABLE_WGMMA) and the device is a 9.0 one.
@@ -1004,16 +959,46 @@ cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream) {
   return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, info, stream);
 }
 
-// Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
-// p.page_indices is set) on `stream`.
+// The merge of a split launch's partial states: p.o [total_q, num_chunks, num_heads, head_dim_vo]
+// (p.o_stride_n, p.o_stride_c, p.o_stride_h) and p.lse [total_q, num_chunks, num_heads]
+// (p.lse_stride_n) into `out`.
 template <typename T>
-cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
+MergeStatesParams<T> prefill_merge_params(const PrefillParams<T>& p, int64_t total_q, const PrefillMergeOut<T>& out) {
+  MergeStatesParams<T> m{};
+  m.v = p.o, m.s = p.lse;
+  m.v_out = out.o, m.s_out = out.lse;
+  m.seq_len = total_q, m.num_states = p.num_chunks, m.num_heads = p.num_qo_heads, m.head_dim = p.head_dim_vo;
+  m.in.v_n = p.o_stride_n, m.in.v_h = p.o_stride_h, m.v_stride_k = p.o_stride_c;
+  m.in.s_n = p.lse_stride_n, m.in.s_h = 1, m.s_stride_k = p.num_qo_heads;
+  m.out.v_n = out.o_stride_n, m.out.v_h = out.o_stride_h;
+  m.out.s_n = p.num_qo_heads, m.out.s_h = 1;
+  m.pdl = p.pdl;
+  return m;
+}
+
+// Launches batch prefill (p.items of prefill_plan_batch for m_tiles; ragged keys, or paged when
+// p.page_indices is set) on `stream`. Split-KV (p.num_chunks > 1, m_tiles 1, items of
+// prefill_split_items): p.o / p.lse are the partial states' buffers (p.lse required) and a
+// second launch merges them into `out` (total_q rows).
+template <typename T>
+cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream, int64_t total_q,
+                         const PrefillMergeOut<T>& out) {
   if (validate_batch(p) != Status::kSuccess) return cudaErrorInvalidValue;
+  const bool split = p.num_chunks > 1;
+  if (split && (m_tiles != 1 || !p.lse || !out.o || !out.lse || total_q < 0)) return cudaErrorInvalidValue;
   if (p.num_items == 0 || p.num_qo_heads == 0) return cudaSuccess;
   DeviceInfo info;
   FLASHINFER_CUDA_TRY(current_device_info(&info));
-  return p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, info, stream)
-                        : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, info, stream);
+  const cudaError_t err =
+      p.page_indices ? detail::dispatch_prefill<T, PrefillMode::kPaged>(p, m_tiles, p.num_items, info, stream)
+                     : detail::dispatch_prefill<T, PrefillMode::kRagged>(p, m_tiles, p.num_items, info, stream);
+  if (err != cudaSuccess || !split) return err;
+  return MergeStates(prefill_merge_params(p, total_q, out), stream);
+}
+// Without split-KV.
+template <typename T>
+cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
+  return p.num_chunks > 1 ? cudaErrorInvalidValue : BatchPrefill(p, m_tiles, stream, 0, PrefillMergeOut<T>{});
 }
 
 }  // namespace attention

@@ -116,18 +116,46 @@ struct PrefillParams {
   int64_t kr_stride_page, kr_stride_n;
   const T* q_rope;
   int64_t qr_stride_n, qr_stride_h;
-  // MLA split-KV (mla.h): with num_chunks > 1 a work item's row-tile field is tile * num_chunks +
-  // chunk, the item sees its request's keys [chunk * c, chunk * c + c) (c = mla_chunk_keys) and
-  // writes its partial state at o + chunk * o_stride_c and lse[row * lse_stride_n + chunk *
-  // num_qo_heads + head]. Without: num_chunks 0 or 1, lse_stride_n = num_qo_heads.
+  // Split-KV (batch kernels of one M tile; MLA: mla.h): with num_chunks > 1 a work item's row-tile
+  // field is tile * num_chunks + chunk, the item sees its request's keys [chunk * c, chunk * c + c)
+  // (c = mla_chunk_keys) and writes its partial state at o + chunk * o_stride_c and lse[row *
+  // lse_stride_n + chunk * num_qo_heads + head]. Without: num_chunks 0 or 1 (lse rows of
+  // num_qo_heads; o_stride_c and lse_stride_n unused).
   int num_chunks;
   int64_t o_stride_c, lse_stride_n;
 };
 
-// MLA split-KV: the keys of one chunk of a kv_len-key request cut into `chunks` (whole tiles).
+// Split-KV (batch prefill and MLA): the keys of one chunk of a kv_len-key request cut into
+// `chunks` (whole tiles).
 FLASHINFER_HOST_DEVICE constexpr int64_t mla_chunk_keys(int64_t kv_len, int chunks) {
   return chunks <= 1 ? kv_len : ceil_div<int64_t>(ceil_div<int64_t>(kv_len, chunks), kPrefillKeys) * kPrefillKeys;
 }
+
+// Split-KV for batch prefill: a batch whose CTAs (work items x KV heads) leave SMs idle, e.g. a
+// cascade's shared prefix (one request, a few query rows, many keys), cuts every request's keys
+// into chunks; each (item, chunk) writes a partial state and a merge (cascade's MergeStates)
+// combines them. Chunks: as many as bring the CTAs to two per SM, with at least
+// kPrefillMinChunkKeys keys each, at most kPrefillMaxChunks; 1 (no split) once the CTAs fill the
+// SMs. Only kernels of one M tile split (prefill_m_tiles gives those to small grids).
+constexpr int kPrefillMinChunkKeys = 512;
+constexpr int kPrefillMaxChunks = 64;
+FLASHINFER_HOST_DEVICE constexpr int prefill_num_chunks(int64_t ctas, int64_t max_kv_len, int num_sms) {
+  if (ctas <= 0 || ctas >= num_sms) return 1;
+  int64_t c = int64_t{2} * num_sms / ctas;
+  const int64_t by_keys = max_kv_len / kPrefillMinChunkKeys;
+  c = c < by_keys ? c : by_keys;
+  c = c < kPrefillMaxChunks ? c : kPrefillMaxChunks;
+  return c > 1 ? static_cast<int>(c) : 1;
+}
+
+// Where a split launch's merge writes: o [total_q, num_qo_heads, head_dim_vo] (o_stride_n /
+// o_stride_h elements) and the base-2 lse [total_q, num_qo_heads] (contiguous).
+template <typename T>
+struct PrefillMergeOut {
+  T* o;
+  int64_t o_stride_n, o_stride_h;
+  float* lse;
+};
 
 // The head-dim pairs the kernels are built for.
 FLASHINFER_HOST_DEVICE constexpr bool prefill_head_dims_supported(int head_dim_qk, int head_dim_vo) {
@@ -200,6 +228,20 @@ struct PrefillGrid {
 FLASHINFER_HOST_DEVICE PrefillGrid prefill_grid(int64_t qo_len, int num_qo_heads, int num_kv_heads, int m_tiles) {
   const int64_t group = num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0;
   return {ceil_div<int64_t>(qo_len * group, prefill_rows(m_tiles)), num_kv_heads};
+}
+
+// Work items with each row tile t cut into `chunks` items of tile field t * chunks + c
+// (PrefillParams::num_chunks).
+inline std::vector<int32_t> prefill_split_items(const std::vector<int32_t>& base, int chunks) {
+  if (chunks <= 1) return base;
+  std::vector<int32_t> items;
+  items.reserve(base.size() * static_cast<size_t>(chunks));
+  for (size_t i = 0; i + 1 < base.size(); i += 2)
+    for (int c = 0; c < chunks; ++c) {
+      items.push_back(base[i]);
+      items.push_back(base[i + 1] * chunks + c);
+    }
+  return items;
 }
 
 // The batch's work items (request, row tile) for packed rows of prefill_rows(m_tiles): every

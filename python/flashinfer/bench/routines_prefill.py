@@ -52,6 +52,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     add("--ragged", action="store_true", help="batch_prefill: contiguous (ragged) K/V instead of a paged cache")
     add("--kv-dtype", choices=["same", "float8_e4m3fn", "float8_e5m2"], default="same",
         help="KV cache element type (same: the --dtype)")
+    add("--suffix-len", type=int, default=256, help="cascade: unique keys per request (the shared prefix: --kv-len)")
+    add("--no-split", action="store_true", help="batch_prefill / cascade: plan with disable_split_kv (no split-KV)")
     add("--block-r", type=int, default=64, help="block_sparse: rows per block (R); M = --qo-len, N = --kv-len")
     add("--block-c", type=int, default=64, help="block_sparse: keys per block (C)")
     add("--density", type=float, default=0.25, help="block_sparse: fraction of the blocks kept (random)")
@@ -132,7 +134,7 @@ def batch_prefill(torch, args) -> Case:
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout)
     w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, ps, head_dim_vo=dvo, causal=causal, q_data_type=dt,
-           kv_data_type=kv_dt)
+           kv_data_type=kv_dt, disable_split_kv=args.no_split)
     cache = (k_cache, v_cache)
     run, run_out = (lambda: w.run(q, cache)), (lambda: w.run(q, cache, out=out))
     # reference inputs [B, H, L, D], contiguous, q's dtype: K / V gathered from the pages
@@ -147,16 +149,56 @@ def batch_prefill(torch, args) -> Case:
         kr, vr = (x.transpose(1, 2).reshape(b * kv, hkv, -1).contiguous().to(kv_dt) for x in (ks, vs))
         kv_rows = torch.arange(b + 1, dtype=torch.int32, device="cuda") * kv
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
-        w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt, kv_data_type=kv_dt)
+        w.plan(qo_indptr, kv_rows, hq, hkv, d, head_dim_vo=dvo, causal=causal, q_data_type=dt, kv_data_type=kv_dt,
+               disable_split_kv=args.no_split)
         run, run_out = (lambda: w.run(q, kr, vr)), (lambda: w.run(q, kr, vr, out=out))
     ref = _sdpa_ref(torch, qs, ks, vs, qo, kv, causal)
 
     flops = b * 2 * (d + dvo) * hq * visible_pairs(qo, kv, causal)
     nbytes = b * kv * hkv * (d + dvo) * k_cache.element_size() + b * qo * hq * (d + dvo) * q.element_size()
     tag = (" causal" if causal else "") + (" ragged" if args.ragged else (" HND" if hnd else "") + f" ps{ps}") + kvtag
+    tag += " nosplit" if args.no_split else ""
     dims = f"{d}" if dvo == d else f"{d}/{dvo}"
     return Case("batch_prefill", f"{b}x{qo}x{kv} {hq}/{hkv}x{dims}{tag}", args.dtype, run, run_out, ref,
-                "SDPA enable_gqa", bytes=nbytes, flops=flops, extra={"m_tiles": w._m_tiles, "work_items": w._num_items})
+                "SDPA enable_gqa", bytes=nbytes, flops=flops,
+                extra={"m_tiles": w._m_tiles, "work_items": w._num_items, "chunks": w._num_chunks})
+
+
+def cascade(torch, args) -> Case:
+    """MultiLevelCascadeAttentionWrapper over two levels (the peer figures' case): --batch-size
+    requests of --qo-len query rows (decode: 1) share a prefix of --kv-len keys (level 0: one
+    request holding every row) and have --suffix-len keys of their own (level 1, causal), pages of
+    --page-size in random order. Bytes: the prefix's K / V once, the suffixes', q and o. No
+    PyTorch reference (per-request SDPA would gather the prefix once per request)."""
+    b, qo, kv, sfx = args.batch_size, args.qo_len, args.kv_len, args.suffix_len
+    ps = getattr(args, "page_size", 16)
+    hq, hkv, d = args.num_qo_heads, args.num_kv_heads, args.head_dim
+    dt = _dtype(torch, args.dtype)
+    pre_pages, sfx_pages = -(-kv // ps), -(-sfx // ps)
+    total = pre_pages + b * sfx_pages
+    cache = torch.randn(total, 2, ps, hkv, d, dtype=dt, device="cuda")
+    perm = torch.randperm(total, device="cuda").int()
+    i32 = dict(dtype=torch.int32, device="cuda")
+    qo_arr = [torch.tensor([0, b * qo], **i32), torch.arange(b + 1, **i32) * qo]
+    kv_arr = [torch.tensor([0, pre_pages], **i32), torch.arange(b + 1, **i32) * sfx_pages]
+    idx_arr = [perm[:pre_pages].contiguous(), perm[pre_pages:].contiguous()]
+    last_arr = [torch.tensor([kv - (pre_pages - 1) * ps], **i32), torch.full((b,), sfx - (sfx_pages - 1) * ps, **i32)]
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
+    w.plan(qo_arr, kv_arr, idx_arr, last_arr, hq, hkv, d, ps, causal=True, q_data_type=dt)
+    if args.no_split:  # (the cascade wrapper has no such option: its levels are re-planned)
+        for i, lw in enumerate(w._batch_prefill_wrappers):
+            lw.plan(qo_arr[i], kv_arr[i], idx_arr[i], last_arr[i], hq, hkv, d, ps, causal=i == 1, q_data_type=dt,
+                    disable_split_kv=True)
+    q = torch.randn(b * qo, hq, d, dtype=dt, device="cuda")
+    e = q.element_size()
+    nbytes = (kv + b * sfx) * hkv * 2 * d * e + 2 * b * qo * hq * d * e
+    flops = 4 * d * hq * b * qo * (kv + sfx)
+    levels = w._batch_prefill_wrappers
+    tag = " nosplit" if args.no_split else ""
+    return Case("cascade", f"{b}x{qo} prefix {kv} + {sfx} {hq}/{hkv}x{d} ps{ps}{tag}", args.dtype, lambda: w.run(q, cache),
+                None, None, "-", bytes=nbytes, flops=flops,
+                extra={"prefix_chunks": levels[0]._num_chunks, "prefix_items": levels[0]._num_items})
 
 
 def block_sparse(torch, args) -> Case:
@@ -188,7 +230,7 @@ def block_sparse(torch, args) -> Case:
 
 
 register(
-    {"single_prefill": single_prefill, "batch_prefill": batch_prefill, "block_sparse": block_sparse},
+    {"single_prefill": single_prefill, "batch_prefill": batch_prefill, "block_sparse": block_sparse, "cascade": cascade},
     [
         "--routine single_prefill --qo-len 4096 --kv-len 4096 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128 "
         "--causal",

@@ -390,8 +390,7 @@ void run_case(const Case& c, uint64_t seed) {
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid,
-            prefill_kernel_threads(mt, prefill_vo_parts(p.head_dim_vo) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg),
+  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid, kPrefillThreads,
             smem, p);
 
   Result r;
@@ -617,12 +616,11 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
         lse_prev[e] = lse[e];
       }
     };
-    const int threads = prefill_kernel_threads(mt, prefill_vo_parts(DV) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg);
     if (paged)
-      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid, threads,
+      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
                 smem, p);
     else
-      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid, threads,
+      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
                 smem, p);
     after_cta = nullptr;
   }

@@ -4,15 +4,15 @@
 // "../wgmma.cuh" includes from redefining anything).
 //
 // What is emulated, and how faithfully:
-//  - A product (Wgmma<T, N>::ss / ss_tn / rs / rs_tn) is only recorded when issued; commit()
-//    closes a group; wait<N>() runs every group but the N most recent, in order. So shared
-//    memory and the A registers (rs, rs_tn: read through the caller's pointer) are read at the latest legal time,
+//  - A product (Wgmma<T, N>::ss / ss_tn / rs_tn) is only recorded when issued; commit() closes a group;
+//    wait<N>() runs every group but the N most recent, in order. So shared memory and the A
+//    registers (rs_tn: read through the caller's pointer) are read at the latest legal time,
 //    and a kernel that refills a tile, or rewrites P, before waiting on the product that reads
 //    it computes a wrong result here as it would on the GPU.
 //  - Each warp computes its own 16 rows of the m64 tile (the hardware splits a warpgroup's
 //    product the same way): lane (g, t) of warp w % 4 owns rows 16 w + g (+8), columns
 //    8 j + 2 t (+1), as wgmma.cuh describes. wait<N> is warp-collective (all 32 lanes must
-//    reach it with the same groups, or the test aborts); rs / rs_tn's A fragment of row r, column k
+//    reach it with the same groups, or the test aborts); rs_tn's A fragment of row r, column k
 //    comes from the lane that holds it (the m16n8k16 A layout).
 //  - Descriptors: a 128-byte-swizzled tile as wgmma.cuh describes it. The emulated descriptor
 //    keeps the full host pointer (48 bits) and the byte offsets in units of 1024 (the kernels'
@@ -161,9 +161,6 @@ struct Wgmma {
   static void ss_tn(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma::state[threadIdx.x].open.push_back(
         {false, true, N, &emu_mma::val<T>, d, desc_a, desc_b, nullptr, accumulate});
-  }
-  static void rs(float* d, const uint32_t* a, uint64_t desc_b, int accumulate) {
-    emu_wgmma::state[threadIdx.x].open.push_back({true, false, N, &emu_mma::val<T>, d, 0, desc_b, a, accumulate});
   }
   static void rs_tn(float* d, const uint32_t* a, uint64_t desc_b, int accumulate) {
     emu_wgmma::state[threadIdx.x].open.push_back({true, true, N, &emu_mma::val<T>, d, 0, desc_b, a, accumulate});

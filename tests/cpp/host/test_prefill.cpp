@@ -263,6 +263,21 @@ void test_mla_split() {
   }
 }
 
+// Batch prefill's split-KV rule (prefill_num_chunks): only grids under one CTA per SM split, into
+// about two CTAs per SM, chunks of >= kPrefillMinChunkKeys keys, at most kPrefillMaxChunks.
+void test_prefill_split() {
+  CHECK(prefill_num_chunks(32, 32768, 132) == 8);     // a cascade's shared prefix: 264 / 32
+  CHECK(prefill_num_chunks(4, 32768, 132) == 64);     // 66, capped
+  CHECK(prefill_num_chunks(16, 2048, 132) == 4);      // keys: 2048 / 512
+  CHECK(prefill_num_chunks(16, 1023, 132) == 1);      // under two chunks' worth of keys
+  CHECK(prefill_num_chunks(132, 1 << 20, 132) == 1);  // one CTA per SM already
+  CHECK(prefill_num_chunks(0, 4096, 132) == 1 && prefill_num_chunks(1, 0, 132) == 1);
+  for (int64_t ctas : {1, 2, 7, 33, 66, 67, 131})
+    CHECK(ctas * prefill_num_chunks(ctas, int64_t{1} << 40, 132) <= 2 * 132);
+  CHECK(prefill_split_items({0, 0, 1, 2}, 1) == (std::vector<int32_t>{0, 0, 1, 2}));
+  CHECK(prefill_split_items({0, 0, 1, 2}, 3) == (std::vector<int32_t>{0, 0, 0, 1, 0, 2, 1, 6, 1, 7, 1, 8}));
+}
+
 }  // namespace
 
 int main() {
@@ -272,5 +287,6 @@ int main() {
   test_plan_batch();
   test_validate();
   test_mla_split();
+  test_prefill_split();
   return test::finish("test_prefill");
 }
