@@ -444,9 +444,12 @@ struct BatchCase {
 // pages, past a last page's fill) NaN. The custom mask: per request a byte-aligned segment at
 // mask_indptr[b] (bit i * kv_len_b + j), random gap bytes between segments. After every CTA,
 // the o and lse elements that changed must be the CTA's own (its request's rows of its row tile,
-// its KV head's q heads); after the launch q, K, V and the mask must be unchanged.
+// its KV head's q heads); after the launch q, K, V and the mask must be unchanged. Split-KV
+// (chunks > 1, one M tile): items of prefill_split_items, partial states [rows, chunks, H, DV] /
+// [rows, chunks, H] (NaN where no item writes) merged here in float64 as BatchPrefill's merge
+// does (no per-CTA write check then).
 template <typename T>
-void run_batch(const BatchCase& c, int mt, uint64_t seed) {
+void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
   const auto t0 = std::chrono::steady_clock::now();
   const Attn& a = c.a;
   const int KH = a.num_kv_heads, G = a.group, H = G * KH, DQ = a.dqk, DV = a.dvo;
@@ -548,7 +551,10 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
         mask[size_t(bit >> 3)] &= uint8_t(~(1u << (bit & 7)));
       }
 
-  const std::vector<int32_t> items = prefill_plan_batch(c.qo_lens, c.kv_lens, G, mt);
+  const int C = chunks > 1 ? chunks : 1;
+  const std::vector<int32_t> items = prefill_split_items(prefill_plan_batch(c.qo_lens, c.kv_lens, G, mt), C);
+  std::vector<T> o_part(size_t(qo_indptr[B] * C * H * DV), ft<T>(nan));
+  std::vector<float> lse_part(size_t(qo_indptr[B] * C * H), nan);
   PrefillParams<T> p{};
   set_options(p, a);
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
@@ -564,6 +570,12 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
   p.mask_indptr = a.mask ? mask_indptr.data() : nullptr;
   p.items = items.data(), p.num_items = int64_t(items.size() / 2);
   p.page_size = PS, p.k_stride_page = k_sp, p.v_stride_page = v_sp, p.num_pages = num_pages;
+  if (C > 1) {
+    p.num_chunks = C;
+    p.o = o_part.data(), p.lse = lse_part.data();
+    p.o_stride_n = int64_t{C} * H * DV, p.o_stride_h = DV, p.o_stride_c = int64_t{H} * DV;
+    p.lse_stride_n = int64_t{C} * H;
+  }
 
   // as BatchPrefill launches it
   if (validate_batch(p) != Status::kSuccess) {
@@ -624,10 +636,26 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
                 smem, p);
     after_cta = nullptr;
   }
+  if (C > 1)  // the chunks' states merged (float64, state.h's rule) into o / lse
+    for (int64_t row = 0; row < qo_indptr[B]; ++row)
+      for (int h = 0; h < H; ++h) {
+        auto at = [&](int ch) { return size_t((row * C + ch) * H + h); };
+        double m = -INFINITY;
+        for (int ch = 0; ch < C; ++ch) m = std::max(m, double(lse_part[at(ch)]));
+        std::vector<double> acc(size_t(DV), 0.0);
+        double den = 0;
+        for (int ch = 0; ch < C && m > -INFINITY; ++ch) {
+          const double w = std::exp2(double(lse_part[at(ch)]) - m);
+          den += w;
+          for (int d = 0; d < DV; ++d) acc[size_t(d)] += w * tf(o_part[at(ch) * size_t(DV) + size_t(d)]);
+        }
+        for (int d = 0; d < DV; ++d) o[size_t(row * o_sn + h * DV + d)] = ft<T>(den > 0 ? float(acc[size_t(d)] / den) : 0.f);
+        if (a.lse) lse[size_t(row * H + h)] = den > 0 ? float(m + std::log2(den)) : -INFINITY;
+      }
 
   std::vector<double> vs;
   for (const auto& x : v) vs.push_back(tf(x));
-  r.tol = (2 * eps_of<T>() + 1e-3) * max_abs(vs) * a.v_scale;
+  r.tol = ((C > 1 ? 4 : 2) * eps_of<T>() + 1e-3) * max_abs(vs) * a.v_scale;  // (partials rounded to T)
   for (int b = 0; b < B; ++b) {
     const int64_t qb = qo_indptr[b], KL = c.kv_lens[b];
     check_request(
@@ -665,10 +693,11 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed) {
   for (int b = 0; b < B; ++b) lens += fmt("%s%ld/%ld", b ? "," : "", long(c.qo_lens[b]), long(c.kv_lens[b]));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report(fmt("%s %s batch d=%d/%d g=%d kvh=%d mt=%d %s %s qo/kv=[%s] causal=%d win=%2d cap=%2.0f alibi=%d mask=%d lse=%d "
-             "vs=%.1f pad=%d%s%s grid=%ux%u",
+             "vs=%.1f pad=%d%s%s chunks=%d grid=%ux%u",
              sched_name(), type_name<T>(), DQ, DV, G, KH, mt, paged ? fmt("paged%-2d", PS).c_str() : "ragged ",
              c.hnd ? "HND" : "NHD", lens.c_str(), a.causal, a.window_left, a.soft_cap, a.alibi, a.mask, a.lse,
-             a.v_scale, c.pad, c.share && paged ? " shared-page" : "", c.oob && paged ? " oob-page" : "", grid.x, grid.y),
+             a.v_scale, c.pad, c.share && paged ? " shared-page" : "", c.oob && paged ? " oob-page" : "", C, grid.x,
+             grid.y),
          r, secs, emu_cp::copies - copies0, emu_mma::ops - mmas0);
 }
 
@@ -884,6 +913,28 @@ int main() {
           run_batch<__half>(c, mt, seed_base + seed++);
       }
   };
+  // Split-KV (batch kernels of one M tile): the batch cases with keys enough for chunks (a window,
+  // a custom mask, causal rows that see none of a chunk, kv 0, a page id out of range), 2-4 chunks
+  // per request, at every head-dim pair and 512.
+  auto run_split_batches = [&](uint64_t seed_base) {
+    int n = 0;
+    for (int fi : {2, 3, 6, 7, 8, 11})
+      for (int di = 0; di < 5; ++di) {
+        if (di == 4 && (n % 3 != 0 || g_wg)) {  // (512: a few, mma.sync only)
+          ++n;
+          continue;
+        }
+        const BF& f = batch[size_t(fi)];
+        const int dqk = di < 4 ? dims[di][0] : 512, dvo = di < 4 ? dims[di][1] : 512;
+        const BatchCase c{{dqk, dvo, f.group, f.kvh, f.causal, f.win, f.cap, f.alibi, f.mask, f.lse, f.vs},
+                          f.qo, f.kv, f.hnd, f.pad, f.page_size, f.share, f.oob};
+        if (n & 1)
+          run_batch<__nv_bfloat16>(c, 1, seed_base + seed++, 2 + n % 3);
+        else
+          run_batch<__half>(c, 1, seed_base + seed++, 2 + n % 3);
+        ++n;
+      }
+  };
   for (Schedule sched : {Schedule::kRoundRobin, Schedule::kWarpEager}) {
     schedule = sched;
     seed = 1;
@@ -935,6 +986,7 @@ int main() {
     run_mla<__half>(8, 0, {3}, {200}, 5, false, true, true, 2 * kPrefillVoPart, 4, 3000 + seed++);
     run_mla<__half>(4, 64, {17, 1}, {9, 129}, 1, true, false, false, kPrefillVoPart, 2, 3000 + seed++);
     run_batches(1000);
+    run_split_batches(6000);
   }
   // The wgmma kernels (sm_90a's path for whole-column head dims): the feature cases (type
   // alternating) and the batch cases at every head-dim pair, under both schedules.
@@ -945,6 +997,7 @@ int main() {
     for (int di = 0; di < 4; ++di)
       for (size_t fi = 0; fi < features.size(); ++fi) run((fi + di + (sched == Schedule::kWarpEager)) & 1, di, features[fi]);
     run_batches(4000);
+    run_split_batches(7000);
   }
   // MLA's wgmma kernels (FLASHINFER_MLA_WGMMA): the batches above, both column widths, and a
   // split-KV one, round-robin only
