@@ -57,7 +57,6 @@ cudaError_t launch_mla(const PrefillParams<T>& p, bool wg, cudaStream_t stream) 
 }
 }  // namespace detail
 
-
 // Launches MLA attention (p.items of mla_plan_items for p.num_chunks, one KV head, the ckv cache
 // in p.k and the kpe cache in p.k_rope) on `stream`. With p.num_chunks > 1, p.o / p.lse are the
 // partial states' buffers and a second launch merges them into `out` (total_q rows).
