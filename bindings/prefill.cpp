@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -200,7 +201,14 @@ std::tuple<std::vector<int32_t>, int, int> plan_batch_split(const std::vector<in
   int64_t max_kv = 0;
   for (int64_t l : kv_lens) max_kv = std::max(max_kv, l);
   const int64_t ctas = static_cast<int64_t>(items.size() / 2) * num_kv_heads;
-  const int c = std::min(flashinfer::attention::prefill_num_chunks(ctas, max_kv, num_sms), max_chunks);
+  // FLASHINFER_PREFILL_SPLIT_CTAS=<n>: CTAs per SM split-KV aims at (a tuning knob, read once; default 2)
+  static const int ctas_per_sm = [] {
+    const char* e = std::getenv("FLASHINFER_PREFILL_SPLIT_CTAS");
+    const int n = e ? std::atoi(e) : 0;
+    return n > 0 && n <= 64 ? n : 2;
+  }();
+  const int c =
+      std::min(flashinfer::attention::prefill_num_chunks(ctas, max_kv, num_sms, ctas_per_sm), max_chunks);
   if (c <= 1) return {std::move(items), mt, 1};
   return {flashinfer::attention::prefill_split_items(items, c), mt, c};
 }

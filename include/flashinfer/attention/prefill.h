@@ -134,14 +134,15 @@ FLASHINFER_HOST_DEVICE constexpr int64_t mla_chunk_keys(int64_t kv_len, int chun
 // Split-KV for batch prefill: a batch whose CTAs (work items x KV heads) leave SMs idle, e.g. a
 // cascade's shared prefix (one request, a few query rows, many keys), cuts every request's keys
 // into chunks; each (item, chunk) writes a partial state and a merge (cascade's MergeStates)
-// combines them. Chunks: as many as bring the CTAs to two per SM, with at least
-// kPrefillMinChunkKeys keys each, at most kPrefillMaxChunks; 1 (no split) once the CTAs fill the
-// SMs. Only kernels of one M tile split (prefill_m_tiles gives those to small grids).
+// combines them. Chunks: as many as bring the CTAs to ctas_per_sm per SM (default 2), with at
+// least kPrefillMinChunkKeys keys each, at most kPrefillMaxChunks; 1 (no split) once the CTAs
+// fill the SMs. Only kernels of one M tile split (prefill_m_tiles gives those to small grids).
 constexpr int kPrefillMinChunkKeys = 512;
 constexpr int kPrefillMaxChunks = 64;
-FLASHINFER_HOST_DEVICE constexpr int prefill_num_chunks(int64_t ctas, int64_t max_kv_len, int num_sms) {
+FLASHINFER_HOST_DEVICE constexpr int prefill_num_chunks(int64_t ctas, int64_t max_kv_len, int num_sms,
+                                                        int ctas_per_sm = 2) {
   if (ctas <= 0 || ctas >= num_sms) return 1;
-  int64_t c = int64_t{2} * num_sms / ctas;
+  int64_t c = int64_t{ctas_per_sm} * num_sms / ctas;
   const int64_t by_keys = max_kv_len / kPrefillMinChunkKeys;
   c = c < by_keys ? c : by_keys;
   c = c < kPrefillMaxChunks ? c : kPrefillMaxChunks;
