@@ -437,6 +437,29 @@ struct BatchCase {
 
 // One batch launched as BatchPrefill launches it: validate_batch, p.items of prefill_plan_batch
 // for m_tiles `mt`, the kernel of prefill_kernel<T, mode>, grid (num_items, KV heads).
+// Split-KV's partial states o_part [rows, C, H, D] / lse_part [rows, C, H] merged in float64
+// (state.h's rule, as BatchPrefill's MergeStates launch does) into o (rows o_sn apart, heads D)
+// and, with want_lse, lse [rows, H]; a row no chunk saw gives o = 0, lse = -inf.
+template <typename T>
+void merge_chunks(int64_t rows, int C, int H, int D, const std::vector<T>& o_part, const std::vector<float>& lse_part,
+                  std::vector<T>& o, int64_t o_sn, std::vector<float>& lse, bool want_lse) {
+  for (int64_t row = 0; row < rows; ++row)
+    for (int h = 0; h < H; ++h) {
+      auto at = [&](int ch) { return size_t((row * C + ch) * H + h); };
+      double m = -INFINITY;
+      for (int ch = 0; ch < C; ++ch) m = std::max(m, double(lse_part[at(ch)]));
+      std::vector<double> acc(size_t(D), 0.0);
+      double den = 0;
+      for (int ch = 0; ch < C && m > -INFINITY; ++ch) {
+        const double w = std::exp2(double(lse_part[at(ch)]) - m);
+        den += w;
+        for (int d = 0; d < D; ++d) acc[size_t(d)] += w * tf(o_part[at(ch) * size_t(D) + size_t(d)]);
+      }
+      for (int d = 0; d < D; ++d) o[size_t(row * o_sn + h * D + d)] = ft<T>(den > 0 ? float(acc[size_t(d)] / den) : 0.f);
+      if (want_lse) lse[size_t(row * H + h)] = den > 0 ? float(m + std::log2(den)) : -INFINITY;
+    }
+}
+
 // q / o / lse: the requests' rows back to back, then 3 rows no request owns; o starts as -777,
 // lse as 555. Ragged K / V: [total keys, KH, D] (NHD) or [KH, total keys, D] (HND); paged:
 // caches [num_pages, page_size, KH, D] (NHD) or [num_pages, KH, page_size, D] (HND), the pages
@@ -636,22 +659,7 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
                 smem, p);
     after_cta = nullptr;
   }
-  if (C > 1)  // the chunks' states merged (float64, state.h's rule) into o / lse
-    for (int64_t row = 0; row < qo_indptr[B]; ++row)
-      for (int h = 0; h < H; ++h) {
-        auto at = [&](int ch) { return size_t((row * C + ch) * H + h); };
-        double m = -INFINITY;
-        for (int ch = 0; ch < C; ++ch) m = std::max(m, double(lse_part[at(ch)]));
-        std::vector<double> acc(size_t(DV), 0.0);
-        double den = 0;
-        for (int ch = 0; ch < C && m > -INFINITY; ++ch) {
-          const double w = std::exp2(double(lse_part[at(ch)]) - m);
-          den += w;
-          for (int d = 0; d < DV; ++d) acc[size_t(d)] += w * tf(o_part[at(ch) * size_t(DV) + size_t(d)]);
-        }
-        for (int d = 0; d < DV; ++d) o[size_t(row * o_sn + h * DV + d)] = ft<T>(den > 0 ? float(acc[size_t(d)] / den) : 0.f);
-        if (a.lse) lse[size_t(row * H + h)] = den > 0 ? float(m + std::log2(den)) : -INFINITY;
-      }
+  if (C > 1) merge_chunks(qo_indptr[B], C, H, DV, o_part, lse_part, o, o_sn, lse, a.lse);
 
   std::vector<double> vs;
   for (const auto& x : v) vs.push_back(tf(x));
@@ -779,21 +787,7 @@ void run_mla(int H, int dkpe, const std::vector<int64_t>& qo_lens, const std::ve
   if (p.num_items > 0)
     launch_2d(mla_kernel<T>(DQ, DC, vo_cols, g_wg), grid, unsigned(threads),
               static_cast<size_t>(prefill_smem_bytes(DQ, DC, 1, 2, true)) + (g_wg ? 1024 : 0), p);
-  if (chunks > 1)  // the chunks' states merged (float64, state.h's rule) into o / lse
-    for (int64_t row = 0; row < qo_indptr[B]; ++row)
-      for (int h = 0; h < H; ++h) {
-        double m = -INFINITY;
-        for (int c = 0; c < C; ++c) m = std::max(m, double(lse_part[size_t((row * C + c) * H + h)]));
-        std::vector<double> acc(DC, 0.0);
-        double den = 0;
-        for (int c = 0; c < C && m > -INFINITY; ++c) {
-          const double w = std::exp2(double(lse_part[size_t((row * C + c) * H + h)]) - m);
-          den += w;
-          for (int d = 0; d < DC; ++d) acc[size_t(d)] += w * tf(o_part[size_t(((row * C + c) * H + h) * DC + d)]);
-        }
-        for (int d = 0; d < DC; ++d) o[size_t(row * o_sn + h * DC + d)] = ft<T>(den > 0 ? float(acc[size_t(d)] / den) : 0.f);
-        if (want_lse) lse[size_t(row * H + h)] = den > 0 ? float(m + std::log2(den)) : -INFINITY;
-      }
+  if (chunks > 1) merge_chunks(qo_indptr[B], C, H, DC, o_part, lse_part, o, o_sn, lse, want_lse);
   Result r;
   std::vector<double> vs;
   for (int b = 0; b < B; ++b)
