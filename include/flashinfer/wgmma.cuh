@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "bulk_copy.cuh"
 #include "config.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -86,11 +87,8 @@ FLASHINFER_DEVICE void wait() {
 }
 // Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async once waited on)
 // before later async-proxy reads (wgmma operands); a barrier then publishes them to the group.
-FLASHINFER_DEVICE void fence_proxy_async() {
-#if FLASHINFER_WGMMA_ARCH
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+// (The bulk copies' fence: the same proxy fence, bulk_copy.cuh.)
+using bulk::fence_proxy_async;
 
 // Keeps the accumulators of an asynchronous product in registers the compiler must not touch
 // before the wait (one register per asm operand).

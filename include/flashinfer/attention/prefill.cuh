@@ -998,7 +998,7 @@ cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t st
 // Without split-KV.
 template <typename T>
 cudaError_t BatchPrefill(const PrefillParams<T>& p, int m_tiles, cudaStream_t stream) {
-  return p.num_chunks > 1 ? cudaErrorInvalidValue : BatchPrefill(p, m_tiles, stream, 0, PrefillMergeOut<T>{});
+  return BatchPrefill(p, m_tiles, stream, 0, PrefillMergeOut<T>{});  // (split-KV without `out`: invalid there)
 }
 
 }  // namespace attention
