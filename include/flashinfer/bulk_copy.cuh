@@ -44,6 +44,14 @@ FLASHINFER_DEVICE void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #endif
 }
 
+// One arrival (release semantics: this thread's earlier writes are visible to whoever sees the
+// phase complete).
+FLASHINFER_DEVICE void arrive(uint64_t* bar) {
+#ifdef FLASHINFER_HAS_BULK_COPY
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cp_async::smem_addr(bar)) : "memory");
+#endif
+}
+
 // bytes: a multiple of 16; both addresses 16-byte aligned.
 FLASHINFER_DEVICE void copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
 #ifdef FLASHINFER_HAS_BULK_COPY

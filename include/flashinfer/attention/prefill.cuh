@@ -12,6 +12,8 @@
 
 #include <cuda_runtime.h>
 
+#include "../barrier.cuh"
+#include "../bulk_copy.cuh"
 #include "../cp_async.cuh"
 #include "../math.cuh"
 #include "../mma.cuh"
@@ -64,8 +66,35 @@
 #define FLASHINFER_PREFILL_WG_OVERLAP -1
 #endif
 
+// Warp-specialized wgmma kernels (FLASHINFER_PREFILL_WS, 1 on, 0 off): the kernels of two M tiles
+// (128 rows, whole columns) run as CTAs of three warpgroups. Warpgroup 0 copies K / V tiles into
+// kPrefillWsStages stages (cp.async; a full mbarrier per stage says a tile landed, an empty one
+// that both consumers are done with it); warpgroups 1 and 2 each own one 64-row M tile, and
+// neither waits for the other: no __syncthreads in the loop. 2: each consumer issues S of tile
+// it + 1 with P V of tile it and runs the softmax of it + 1 under P V; 3: that, and the two
+// consumers take turns issuing their products (named barriers), so one's softmax runs under
+// the other's products.
+#ifndef FLASHINFER_PREFILL_WS
+#define FLASHINFER_PREFILL_WS 0
+#endif
+// Warp-specialized CTAs: registers per consumer thread after setmaxnreg (the producer keeps 40);
+// 0: no setmaxnreg (every thread keeps the launch's 168).
+#ifndef FLASHINFER_PREFILL_WS_REGS
+#define FLASHINFER_PREFILL_WS_REGS 0
+#endif
+
 namespace flashinfer {
 namespace attention {
+
+constexpr int kPrefillWsStages = 4;
+// Whether a kernel is the warp-specialized one (above).
+FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo) {
+  return FLASHINFER_PREFILL_WS != 0 && wg && m_tiles == 2 && vo == PrefillVO::kWhole;
+}
+// A kernel's threads: prefill_threads, or a warp-specialized CTA's three warpgroups.
+FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(PrefillVO vo, bool wg, int m_tiles) {
+  return prefill_ws(wg, m_tiles, vo) ? 3 * kPrefillThreads : prefill_threads(vo);
+}
 
 // The overlapped wgmma loop's mode of a kernel (FLASHINFER_PREFILL_WG_OVERLAP; one M tile, whole
 // columns): 0 off, 1, 2.
@@ -84,6 +113,8 @@ FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, Prefil
 FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
                                                                    PrefillVO vo, bool wg) {
   return prefill_smem_bytes(head_dim_qk, head_dim_vo, m_tiles, 2, vo == PrefillVO::kMla) +
+         (prefill_ws(wg, m_tiles, vo) ? int64_t{kPrefillWsStages - 2} * kPrefillKeys * (head_dim_qk + head_dim_vo) * 2
+                                      : 0) +
          (wg && vo != PrefillVO::kMla ? 1024 : 0) +
          int64_t{prefill_k_bufs(wg, m_tiles, vo, head_dim_qk) - 2} * kPrefillKeys * head_dim_qk * 2;
 }
@@ -208,7 +239,7 @@ struct BoolTag {
 // from registers, V from shared memory) are wgmma products over 128-byte-swizzled tiles.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
           PrefillVO kVO = PrefillVO::kWhole, bool kWg = false>
-__global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const PrefillParams<T> p) {
+__global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
@@ -216,7 +247,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr int kRowQK = kDQK * 2, kRowVO = kDVO * 2;  // bytes per row
   // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
   constexpr int kRowV = kMla ? kRowQK : kRowVO;
-  constexpr int kThreads = prefill_threads(kVO), kVoGroups = kThreads / kPrefillThreads;
+  // (kWs: warp-specialized, see FLASHINFER_PREFILL_WS; a thread's accumulators then hold one M tile)
+  constexpr bool kWs = prefill_ws(kWg, kMT, kVO);
+  constexpr int kVoGroups = prefill_threads(kVO) / kPrefillThreads, kThreads = prefill_kernel_threads(kVO, kWg, kMT);
+  constexpr int kTM = kWs ? 1 : kMT;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kPrefillKeys;               // keys per stage
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
@@ -234,10 +268,12 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
 #endif
   char* sK = sQ + kRows * kRowQK;
   // (the overlapped wgmma loop's mode 2: three K buffers)
-  constexpr int kKBufs = prefill_k_bufs(kWg, kMT, kVO, kDQK);
+  constexpr int kKBufs = kWs ? kPrefillWsStages : prefill_k_bufs(kWg, kMT, kVO, kDQK);
   char* sV = sK + kKBufs * kKeys * kRowQK;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int warp = kVoGroups > 1 ? (tid >> 5) % kPrefillWarps : tid >> 5;  // (of the rows)
+  const int warp = kVoGroups > 1 || kWs ? (tid >> 5) % kPrefillWarps : tid >> 5;  // (of the rows)
+  // kWs: this thread's consumer warpgroup, whose M tile (rows 64 cw ..) it computes; -1: the producer
+  const int cw = kWs ? (tid >> 7) - 1 : 0;
   // This warp's V / O columns: [part * kDVO, part * kDVO + kDVO); V's first 16-byte chunk in its tile.
   const int part = kVO == PrefillVO::kWhole
                        ? 0
@@ -294,7 +330,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // This thread's rows: grp and grp + 8 of each of its warp's M tiles. Their tokens and q heads
   // are recomputed where needed (masked tiles, the epilogue) rather than kept in registers.
   constexpr int kMtStride = kWg ? 64 : 16;  // rows between a warp's M tiles
-  const int64_t my_pr0 = pr0 + warp * (kWg ? 16 : kWarpRows) + grp;
+  const int64_t my_pr0 = pr0 + (kWs ? cw * 64 : 0) + warp * (kWg ? 16 : kWarpRows) + grp;
   auto row_of = [&](int mt, int h) { return my_pr0 + mt * kMtStride + 8 * h; };
   auto token_of = [&](int64_t pr) { return static_cast<int>((pr < rows ? pr : rows - 1) / group); };
   const int delta32 = static_cast<int>(delta), kv_len32 = static_cast<int>(kv_len);
@@ -329,7 +365,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   // kWgOverlap: K tiles are loaded a tile ahead of V (see the loop), and the table has four
   // slots, tile t in slot t % 4.
   constexpr bool kWgOverlap = prefill_wg_overlap(kWg, kMT, kVO, kDQK) != 0;
-  constexpr int kAddrSlots = kWgOverlap ? 4 : 2;
+  constexpr int kAddrSlots = kWs ? kPrefillWsStages : kWgOverlap ? 4 : 2;
   __shared__ __align__(16) uint64_t page_addr[kPaged ? kAddrSlots : 1][kPaged ? kKeys : 1][2];
   auto page_id = [&](int64_t kv0, int r) -> int {
     if (kv0 + r >= kv_len) return -1;
@@ -349,7 +385,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   };
   if constexpr (kPaged) {
     if (tid < 2 * kKeys) {
-      for (int s = 0; s < (kWgOverlap ? kKBufs + 1 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
+      for (int s = 0; s < (kWgOverlap ? kKBufs + 1 : kWs ? 3 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
         const int64_t kv0 = kv_first + s * kKeys;
         set_row(s, kv0, page_id(kv0, row_r));
       }
@@ -402,7 +438,25 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   constexpr bool kFusedScale = FLASHINFER_PREFILL_FUSED_SCALE < 0
                                    ? kMode != PrefillMode::kSingle || kDQK == 64
                                    : FLASHINFER_PREFILL_FUSED_SCALE != 0;
-  if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1) (, then (K 2) with three K buffers)
+  // kWs: stage s's full barrier completes a phase when tile s + k kPrefillWsStages has landed
+  // (every producer thread arrives once its own copies have), its empty barrier when both
+  // consumers are done with it (lane 0 of each consumer warp arrives).
+  __shared__ uint64_t ws_full[kWs ? kPrefillWsStages : 1], ws_empty[kWs ? kPrefillWsStages : 1];
+  if constexpr (kWs) {  // groups: Q (every thread), then K / V 0 (the producer)
+    cp_async::commit();
+    if (tid == 0) {
+      for (int s = 0; s < kPrefillWsStages; ++s) {
+        bulk::mbarrier_init(&ws_full[s], kPrefillThreads);
+        bulk::mbarrier_init(&ws_empty[s], 2 * kPrefillWarps);
+      }
+      bulk::fence_init();
+    }
+    if (cw < 0 && n_tiles > 0) load_kv(0, kv_first);
+    cp_async::commit();
+    cp_async::wait(1);  // Q
+    wgmma::fence_proxy_async();
+    __syncthreads();  // (Q and the barriers' init; no CTA-wide barrier after this one)
+  } else if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1) (, then (K 2) with three K buffers)
     if (n_tiles > 0) load_k(0, 0, kv_first);
     cp_async::commit();
     if (n_tiles > 0) load_v(0, 0, kv_first);
@@ -417,10 +471,10 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     cp_async::commit();
   }
 
-  float o[kMT][kDVO / 8][4];
-  float m[kMT][2], d[kMT][2];
+  float o[kTM][kDVO / 8][4];
+  float m[kTM][2], d[kTM][2];
   FLASHINFER_UNROLL
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int mt = 0; mt < kTM; ++mt) {
     FLASHINFER_UNROLL
     for (int n = 0; n < kDVO / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     m[mt][0] = m[mt][1] = neg_inf();
@@ -428,14 +482,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   }
   // The warp's tokens, for deciding whether a tile needs per-key masking.
   // (kWg: the warp's first and last rows over its M tiles; the range between covers them)
-  const int64_t w_pr0 = pr0 + warp * (kWg ? 16 : kWarpRows);
-  const int64_t w_end = kWg ? w_pr0 + (kMT - 1) * 64 + 16 : w_pr0 + kWarpRows;
+  const int64_t w_pr0 = pr0 + (kWs ? cw * 64 : 0) + warp * (kWg ? 16 : kWarpRows);
+  const int64_t w_end = kWg ? w_pr0 + (kTM - 1) * 64 + 16 : w_pr0 + kWarpRows;
   const int64_t w_last = w_end - 1 < rows ? w_end - 1 : rows - 1;
   const int64_t w_tok_lo = (w_pr0 < rows ? w_pr0 : rows - 1) / group, w_tok_hi = w_last / group;
 
   // One tile's scores -> probabilities in place (kMasked: a BoolTag, as tile_step's), m and d
   // updated; alpha_out: the factor O's rows must be rescaled by (rescale_o) before P V adds in.
-  auto softmax_tile = [&](auto masked_tag, int64_t kv0, float(&sc)[kMT][kSNT][4], float(&alpha_out)[kMT][2]) {
+  auto softmax_tile = [&](auto masked_tag, int64_t kv0, auto& sc, auto& alpha_out) {
     constexpr bool kMasked = decltype(masked_tag)::value;
     // Scores in log2 units, masked keys -inf. Tiles inside every row's visible range with no
     // soft cap or ALiBi take the plain scale; the rest (diagonal, window edge, last tile,
@@ -450,7 +504,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       mul = s_scale;
     } else if (full && plain) {
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kTM; ++mt) {
         FLASHINFER_UNROLL
         for (int n = 0; n < kSNT; ++n) {
           FLASHINFER_UNROLL
@@ -462,7 +516,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       // with a custom mask the row's first bit; then one select per score.
       const int j0 = static_cast<int>(kv0) + kSKeys * vg + tig * 2;
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kTM; ++mt) {
         FLASHINFER_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int64_t pr = row_of(mt, h);
@@ -492,9 +546,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
 
     // Online softmax per row; the row's 4 lanes (one quad) share its max (split scores: and the
     // other warp group's, through sMax).
-    float mxs[kMT][2];
+    float mxs[kTM][2];
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         float mx = neg_inf();
@@ -512,7 +566,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       mxs[0][1] = fmaxf(mxs[0][1], sMax[1 - vg][r + 8]);
     }
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[mt][h], mxs[mt][h]);
@@ -534,9 +588,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       }
     }
   };
-  auto rescale_o = [&](const float(&alpha)[kMT][2]) {
+  auto rescale_o = [&](const auto& alpha) {
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int n = 0; n < kDVO / 8; ++n) {
         o[mt][n][0] *= alpha[mt][0];
@@ -595,16 +649,16 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     }
 
     // S = Q K^T: kMT x 16 rows x kSKeys keys per warp (from key kSKeys * vg of the tile).
-    float sc[kMT][kSNT][4];
+    float sc[kTM][kSNT][4];
     FLASHINFER_UNROLL
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kTM; ++mt) {
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
     }
     auto qk_step = [&](int kstep) {
-      uint32_t a[kMT][4];
+      uint32_t a[kTM][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kTM; ++mt)
         mma::ldmatrix_x4(a[mt], sQ + mma::swizzle_offset<kRowQK>(warp * kWarpRows + mt * 16 + (lane & 7) +
                                                                      ((lane >> 3) & 1) * 8,
                                                                  2 * kstep + (lane >> 4)));
@@ -614,7 +668,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         mma::ldmatrix_x4(b, ks + mma::swizzle_offset<kRowQK>(kSKeys * vg + np * 16 + (lane & 7) + (lane >> 4) * 8,
                                                              2 * kstep + ((lane >> 3) & 1)));
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kTM; ++mt) {
           mma::mma_16816<T>(sc[mt][2 * np], a[mt], b);
           mma::mma_16816<T>(sc[mt][2 * np + 1], a[mt], b + 2);
         }
@@ -622,14 +676,14 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     };
     if constexpr (kWg) {
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
+      for (int mt = 0; mt < kTM; ++mt) wg_qk(&sc[mt][0][0], mt, ks);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
+      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kSNT * 4>(&sc[mt][0][0]);
     } else if constexpr (kSplitS) {  // (unrolled by kSUnroll: fully unrolled, Q's fragments ran ahead into spills)
 #if defined(__CUDA_ARCH__)
 #pragma unroll(kSUnroll)
@@ -640,7 +694,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       for (int kstep = 0; kstep < kDQK / 16; ++kstep) qk_step(kstep);
     }
 
-    float alpha[kMT][2];
+    float alpha[kTM][2];
     softmax_tile(masked_tag, kv0, sc, alpha);
     rescale_o(alpha);
 
@@ -672,31 +726,31 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
       wgmma::wait<0>();
       wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
     } else if constexpr (kWg) {
-      uint32_t a[kMT][kKeys / 16][4];
+      uint32_t a[kTM][kKeys / 16][4];
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) pack_p(sc[mt], a[mt]);
+      for (int mt = 0; mt < kTM; ++mt) pack_p(sc[mt], a[mt]);
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kTM; ++mt) {
         wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
         wgmma::fence_operands<kKeys / 4>(&a[mt][0][0]);
       }
       wgmma::fence();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
+      for (int mt = 0; mt < kTM; ++mt) wg_pv(&o[mt][0][0], a[mt], vb);
       wgmma::commit();
       wgmma::wait<0>();
       FLASHINFER_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
+      for (int mt = 0; mt < kTM; ++mt) wgmma::fence_operands<kDVO / 2>(&o[mt][0][0]);
     }
     FLASHINFER_UNROLL
     for (int kk = 0; kk < (kWg ? 0 : kKeys / 16); ++kk) {
-      uint32_t a[kMT][4];
+      uint32_t a[kTM][4];
       if constexpr (kSplitS) {
         mma::ldmatrix_x4(a[0], sP + mma::swizzle_offset<kKeys * 2>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                    2 * kk + (lane >> 4)));
       } else {
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kTM; ++mt) {
           a[mt][0] = mma::pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
           a[mt][1] = mma::pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
           a[mt][2] = mma::pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
@@ -709,7 +763,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
         mma::ldmatrix_x4_trans(b, vs + mma::swizzle_offset<kRowV>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                                   v_chunk0 + 2 * dp + (lane >> 4)));
         FLASHINFER_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kTM; ++mt) {
           mma::mma_16816<T>(o[mt][2 * dp], a[mt], b);
           mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b + 2);
         }
@@ -722,7 +776,141 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   };
   constexpr bool kPlainLoop =
       FLASHINFER_PREFILL_PLAIN_LOOP < 0 ? kMode == PrefillMode::kSingle : FLASHINFER_PREFILL_PLAIN_LOOP != 0;
-  if constexpr (kWgOverlap) {
+  if constexpr (kWs) {
+    constexpr int kS = kPrefillWsStages;
+    if (cw < 0) {
+      if constexpr (FLASHINFER_PREFILL_WS_REGS > 0) barrier::set_max_regs<3 * 168 - 2 * FLASHINFER_PREFILL_WS_REGS, false>();
+      // The producer. Iteration it copies tile it into stage it % kS once the consumers have
+      // released that stage's previous tile (it - kS), then, when tile it - 1's copies have
+      // landed, arrives on its full barrier. Paged: tile it's table (slot it % kS) was written in
+      // iteration it - 2 (tiles 0-2: the prologue) and is published by this iteration's barrier
+      // of the producer's threads; the slot's previous tile, it - kS, was copied before the
+      // barrier of iteration it - kS + 1.
+      for (int64_t it = 1; it <= n_tiles; ++it) {
+        [[maybe_unused]] int next_id = -1;
+        const bool copy = it < n_tiles;
+        if (copy) {
+          const int s = static_cast<int>(it % kS);
+          if (it >= kS) bulk::wait_parity(&ws_empty[s], static_cast<uint32_t>(((it / kS) & 1) ^ 1));
+          if constexpr (kPaged) {
+            barrier::sync(1, kPrefillThreads);
+            if (it + 2 < n_tiles) next_id = page_id(kv_first + (it + 2) * kKeys, row_r);
+          }
+          load_kv(s, kv_first + it * kKeys);
+        }
+        cp_async::commit();
+        cp_async::wait(1);  // tile it - 1
+        wgmma::fence_proxy_async();
+        bulk::arrive(&ws_full[(it - 1) % kS]);
+        if constexpr (kPaged) {
+          if (copy && it + 2 < n_tiles) set_row(static_cast<int>((it + 2) % kS), kv_first + (it + 2) * kKeys, next_id);
+        }
+      }
+      cp_async::wait(0);
+      return;
+    }
+    if constexpr (FLASHINFER_PREFILL_WS_REGS > 0) barrier::set_max_regs<FLASHINFER_PREFILL_WS_REGS, true>();
+    auto release = [&](int64_t it) {  // (lane 0 of each warp: the stage of tile it is read)
+      if (lane == 0) bulk::arrive(&ws_empty[it % kS]);
+    };
+    auto wait_full = [&](int64_t it) { bulk::wait_parity(&ws_full[it % kS], static_cast<uint32_t>((it / kS) & 1)); };
+    if constexpr (FLASHINFER_PREFILL_WS >= 2) {
+      // S of tile it + 1 and P V of tile it are issued together (with FLASHINFER_PREFILL_WS 3 in
+      // this consumer's turn: it waits at barrier 2 + cw, which the other consumer's arrival
+      // opens, and arrives at the other's once its products are issued; consumer 1 opens the
+      // first turn for consumer 0, and skips its last arrival so that none is left over).
+      constexpr bool kPingPong = FLASHINFER_PREFILL_WS == 3;
+      float sc[1][kSNT][4];
+      uint32_t pa[kKeys / 16][4];
+      float alpha[1][2];
+      auto issue_s = [&](int64_t it) {
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
+        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        wgmma::fence();
+        wg_qk(&sc[0][0][0], cw, sK + (it % kS) * kKeys * kRowQK);
+        wgmma::commit();
+      };
+      auto issue_pv = [&](int64_t it) {
+        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+        wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
+        wgmma::fence();
+        wg_pv(&o[0][0][0], pa, sV + (it % kS) * kKeys * kRowVO);
+        wgmma::commit();
+      };
+      auto turn_begin = [&]() {
+        if constexpr (kPingPong) barrier::sync(2 + cw, 2 * kPrefillThreads);
+      };
+      auto turn_end = [&](bool last) {
+        if constexpr (kPingPong) {
+          if (!(last && cw == 1)) barrier::arrive(3 - cw, 2 * kPrefillThreads);
+        }
+      };
+      if (n_tiles > 0) {
+        if constexpr (kPingPong) {
+          if (cw == 1) barrier::arrive(2, 2 * kPrefillThreads);
+        }
+        wait_full(0);
+        issue_s(0);
+        wgmma::wait<0>();
+        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        softmax_tile(BoolTag<true>{}, kv_first, sc, alpha);  // (O is zero: no rescale)
+        pack_p(sc[0], pa);
+      }
+      for (int64_t it = 0; it + 1 < n_tiles; ++it) {
+        wait_full(it + 1);
+        turn_begin();
+        issue_s(it + 1);
+        issue_pv(it);
+        turn_end(false);
+        wgmma::wait<1>();  // S(it + 1); P V (it) may still run
+        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        softmax_tile(BoolTag<true>{}, kv_first + (it + 1) * kKeys, sc, alpha);
+        wgmma::wait<0>();
+        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+        release(it);
+        rescale_o(alpha);
+        pack_p(sc[0], pa);
+      }
+      if (n_tiles > 0) {
+        turn_begin();
+        issue_pv(n_tiles - 1);
+        turn_end(true);
+        wgmma::wait<0>();
+        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+        release(n_tiles - 1);
+      }
+    } else {
+      // A consumer: its M tile's S = Q K^T, softmax and O += P V per tile; lane 0 of each warp
+      // releases the stage when P V has read it.
+      for (int64_t it = 0; it < n_tiles; ++it) {
+        const int s = static_cast<int>(it % kS);
+        wait_full(it);
+        float sc[1][kSNT][4];
+        FLASHINFER_UNROLL
+        for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
+        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        wgmma::fence();
+        wg_qk(&sc[0][0][0], cw, sK + s * kKeys * kRowQK);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        float alpha[1][2];
+        softmax_tile(BoolTag<true>{}, kv_first + it * kKeys, sc, alpha);
+        rescale_o(alpha);
+        uint32_t pa[kKeys / 16][4];
+        pack_p(sc[0], pa);
+        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+        wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
+        wgmma::fence();
+        wg_pv(&o[0][0][0], pa, sV + s * kKeys * kRowVO);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+        release(it);
+      }
+    }
+  } else if constexpr (kWgOverlap) {
     // S of tile it + 1 (sc) is computed and turned into probabilities while P V of tile it (P in
     // pa) runs: K(t) sits in K buffer t % kKBufs and V(t) in V buffer t % 2; iteration it waits
     // for K(it + 1) and V(it), then loads K(it + kKBufs) and V(it + 1) into the buffers K(it) and
@@ -730,9 +918,9 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
     // K copies in flight). Paged: tile it + kKBufs + 1's table slot (t % 4) is written at the end of
     // iteration it (its last readers, the copies of tile it + kKBufs - 3, were issued before this
     // iteration's first barrier).
-    float sc[kMT][kSNT][4];
+    float sc[kTM][kSNT][4];
     uint32_t pa[kKeys / 16][4];
-    float alpha[kMT][2];
+    float alpha[kTM][2];
     auto issue_s = [&](int buf) {  // S = Q K(buf), committed as one group
       FLASHINFER_UNROLL
       for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
@@ -832,7 +1020,7 @@ __global__ void __launch_bounds__(prefill_threads(kVO)) PrefillKernel(const Pref
   }
   // Epilogue: o / d (times v_scale), lse = m + log2(d); a row with no key: o = 0, lse = -inf.
   FLASHINFER_UNROLL
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int mt = 0; mt < kTM; ++mt) {
     FLASHINFER_UNROLL
     for (int h = 0; h < 2; ++h) {
       float den = d[mt][h];
@@ -906,7 +1094,7 @@ cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
-                dim3(prefill_threads(kVO)), smem, stream, p.pdl, p);
+                dim3(prefill_kernel_threads(kVO, kWg, kMT)), smem, stream, p.pdl, p);
 }
 // Whether wgmma kernels can run on `info`'s device: this build has sm_90a code
 // (FLASHINFER_ENABLE_WGMMA) and the device is a 9.0 one.

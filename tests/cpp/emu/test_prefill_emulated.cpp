@@ -45,6 +45,7 @@ using std::max;
 using std::min;
 
 #include "mma_emulated.h"
+#include "barrier_emulated.h"
 #include "wgmma_emulated.h"
 // (cp.async, mma and wgmma emulated, before any header that uses them; the wgmma kernels are
 // built as in an sm_90a build)
@@ -86,7 +87,11 @@ using emu::tf;
 //    __syncthreads after the wait, or refills a stage other warps may still read, sees the wrong
 //    data. (Round-robin alone hides both: every thread has passed its wait, and no copy lands
 //    before one.)
-enum class Schedule { kRoundRobin, kWarpEager };
+//  kLowEager (the wgmma pass): kWarpEager from the lowest warp up, so a warp-specialized CTA's
+//    producer (warpgroup 0) runs ahead of its consumers whenever it can (a fiber spinning on an
+//    mbarrier wakes as soon as a phase completes), and its copies land at once: a stage released
+//    before its last product has read it shows.
+enum class Schedule { kRoundRobin, kWarpEager, kLowEager };
 Schedule schedule = Schedule::kRoundRobin;
 // The wgmma kernels (PrefillKernel's kWg, wgmma_emulated.h) instead of the mma.sync ones.
 bool g_wg = false;
@@ -109,7 +114,7 @@ inline void land_copies(unsigned t) {  // thread t's copies in flight complete n
 template <class... KArgs, class... Args>
 void launch_2d(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t smem, const Args&... args) {
   if (smem > sizeof(prefill_smem)) { std::printf("smem too big %zu\n", smem); std::abort(); }
-  const bool eager = schedule == Schedule::kWarpEager;
+  const bool eager = schedule != Schedule::kRoundRobin, low = schedule == Schedule::kLowEager;
   const unsigned warps = threads / 32;
   for (unsigned bz = 0; bz < grid.z; ++bz)
   for (unsigned by = 0; by < grid.y; ++by)
@@ -140,7 +145,10 @@ void launch_2d(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t sme
       };
       for (;;) {
         bool progressed = false;
-        if (eager) {  // the highest warp that can move, moves
+        if (low) {  // the lowest warp that can move, moves (mbarrier spinners wake at once)
+          emu_bar::release(int(threads));
+          for (unsigned w = 0; w < warps && !progressed; ++w) progressed = run_warp(w) || open_warp(w);
+        } else if (eager) {  // the highest warp that can move, moves
           for (unsigned w = warps; w-- > 0 && !progressed;) progressed = run_warp(w) || open_warp(w);
         } else {  // every ready fiber runs; then the warp barriers open
           for (unsigned w = 0; w < warps; ++w) progressed = run_warp(w) || progressed;
@@ -154,7 +162,7 @@ void launch_2d(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t sme
         if (done == int(threads)) break;
         if (block_wait == int(threads)) {  // __syncthreads opens
           for (auto& f : emu::fibers) f.wait = 0;
-        } else {
+        } else if (!emu_bar::release(int(threads))) {  // (a named barrier, or mbarrier spinners)
           std::printf("DEADLOCK in block (%u, %u): states", bx, by);
           for (unsigned t = 0; t < threads; ++t) std::printf(" %d", emu::fibers[t].wait);
           std::printf("\n");
@@ -170,6 +178,7 @@ void launch_2d(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t sme
         }
         emu_cp::groups[t].clear();
       }
+      emu_bar::end_cta();
       if (after_cta) after_cta(bx, by);
     }
 }
@@ -203,7 +212,7 @@ const char* type_name() {
   return std::is_same<T, __half>::value ? "f16 " : "bf16";
 }
 const char* sched_name() {
-  if (g_wg) return schedule == Schedule::kWarpEager ? "wg eager" : "wg rr   ";
+  if (g_wg) return schedule == Schedule::kWarpEager ? "wg eager" : schedule == Schedule::kLowEager ? "wg low  " : "wg rr   ";
   return schedule == Schedule::kWarpEager ? "eager" : "rr   ";
 }
 
@@ -390,8 +399,8 @@ void run_case(const Case& c, uint64_t seed) {
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid, kPrefillThreads,
-            smem, p);
+  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid,
+            prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
 
   Result r;
   double max_v = 0;
@@ -652,11 +661,11 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
       }
     };
     if (paged)
-      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
-                smem, p);
+      launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid,
+                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
     else
-      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid, kPrefillThreads,
-                smem, p);
+      launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid,
+                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
     after_cta = nullptr;
   }
   if (C > 1) merge_chunks(qo_indptr[B], C, H, DV, o_part, lse_part, o, o_sn, lse, a.lse);
@@ -881,6 +890,7 @@ int main() {
       {3, 1, {0, 0}, {5, 0}, true, -1, 0.f, false, false, false, true, 1.f, 0, 0, false, false},            // no rows: no launch
       {1, 2, {3, 5}, {0, 0}, false, -1, 0.f, false, false, false, true, 1.f, 0, 16, false, false},          // paged, no keys: o 0, lse -inf
       {3, 1, {50, 2, 9}, {200, 64, 65}, true, -1, 30.f, true, false, false, true, 1.f, 0, 16, true, false}, // 3 row tiles, 4 key tiles, cap + ALiBi
+      {1, 1, {40, 3}, {600, 9}, true, -1, 0.f, false, false, true, true, 1.f, 0, 16, false, false},        // paged 16 HND, 10 key tiles (stages reused)
   };
   const int dims[4][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
   uint64_t seed = 1;
@@ -986,7 +996,7 @@ int main() {
   // alternating) and the batch cases at every head-dim pair, under both schedules.
   g_wg = true;
   const int64_t products0 = emu_wgmma::products;
-  for (Schedule sched : {Schedule::kRoundRobin, Schedule::kWarpEager}) {
+  for (Schedule sched : {Schedule::kRoundRobin, Schedule::kWarpEager, Schedule::kLowEager}) {
     schedule = sched;
     for (int di = 0; di < 4; ++di)
       for (size_t fi = 0; fi < features.size(); ++fi) run((fi + di + (sched == Schedule::kWarpEager)) & 1, di, features[fi]);

@@ -1,0 +1,120 @@
+// mbarriers (flashinfer::bulk's init / arrive / wait_parity, include/flashinfer/bulk_copy.cuh) and
+// named barriers (flashinfer::barrier, barrier.cuh) under cuda_emulator.h. Include after
+// cuda_emulator.h and cp_async_emulated.h, before any flashinfer header (the trick of
+// cp_async_emulated.h: the real headers compile into unused namespaces first).
+//  - An mbarrier keeps its state in its own 8 bytes: arrivals still expected in the current
+//    phase, the count it was initialized with, and the current phase's parity. The arrival that
+//    completes a phase flips the parity and re-arms the count. wait_parity(P) returns once the
+//    phase of parity P has completed (the current parity is not P); until then the fiber parks
+//    as a spinner (wait kind 5). A scheduler releases spinners whenever some arrival happened
+//    since it last did (`epoch`), and reports a deadlock when none did and nothing else can move.
+//  - A named barrier's sync parks the fiber (wait kind 6) with its id and count, an arrive only
+//    counts the thread in; the scheduler opens the barrier when the fibers parked there and the
+//    arrivals make `count` (more arrivals than that abort). set_max_regs does nothing.
+//  - Bulk copies (the TMA engine) are not emulated: calling one aborts.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#define bulk bulk_hardware
+#define barrier barrier_hardware
+#include "flashinfer/barrier.cuh"
+#include "flashinfer/bulk_copy.cuh"
+#undef barrier
+#undef bulk
+
+namespace emu_bar {
+struct Mbar {
+  uint32_t pending;
+  uint16_t count;
+  uint16_t parity;
+};
+static_assert(sizeof(Mbar) == 8, "one mbarrier word");
+inline int64_t epoch = 0;  // arrivals that completed a phase, so far
+inline int id_of[1024], count_of[1024];  // [thread]: the named barrier a parked fiber waits at
+inline int arrived[16];                  // [id]: arrivals (not syncs) in the barrier's current round
+inline Mbar get(const uint64_t* bar) {
+  Mbar m;
+  std::memcpy(&m, bar, 8);
+  return m;
+}
+inline void put(uint64_t* bar, const Mbar& m) { std::memcpy(bar, &m, 8); }
+// Releases what the scheduler can release among threads [0, n) of the running CTA: a named
+// barrier every participant has reached, else (if an arrival happened since the last call that
+// did so) the spinners. False: nothing to release.
+inline bool release(int n) {
+  static int64_t last_epoch = -1;
+  for (int t = 0; t < n; ++t) {
+    if (emu::fibers[size_t(t)].wait != 6) continue;
+    int waiting = 0;
+    for (int u = 0; u < n; ++u) waiting += emu::fibers[size_t(u)].wait == 6 && id_of[u] == id_of[t];
+    const int id = id_of[t];
+    if (waiting + arrived[id] > count_of[t]) {
+      std::printf("named barrier %d: %d threads wait, %d arrived, count %d\n", id, waiting, arrived[id], count_of[t]);
+      std::abort();
+    }
+    if (waiting + arrived[id] == count_of[t]) {
+      arrived[id] = 0;
+      for (int u = 0; u < n; ++u)
+        if (emu::fibers[size_t(u)].wait == 6 && id_of[u] == id) emu::fibers[size_t(u)].wait = 0;
+      return true;
+    }
+  }
+  if (epoch == last_epoch) return false;
+  bool any = false;
+  for (int t = 0; t < n; ++t)
+    if (emu::fibers[size_t(t)].wait == 5) emu::fibers[size_t(t)].wait = 0, any = true;
+  if (any) last_epoch = epoch;
+  return any;
+}
+// At the end of a CTA: no named barrier may be left with arrivals no sync consumed.
+inline void end_cta() {
+  for (int id = 0; id < 16; ++id)
+    if (arrived[id]) {
+      std::printf("named barrier %d: %d arrivals left at the end of the CTA\n", id, arrived[id]);
+      std::abort();
+    }
+}
+}  // namespace emu_bar
+
+namespace flashinfer {
+namespace bulk {
+inline void mbarrier_init(uint64_t* bar, int count) {
+  if (count <= 0 || count > 65535) std::abort();
+  emu_bar::put(bar, emu_bar::Mbar{uint32_t(count), uint16_t(count), 0});
+}
+inline void fence_init() {}
+inline void fence_proxy_async() {}
+inline void arrive(uint64_t* bar) {
+  emu_bar::Mbar m = emu_bar::get(bar);
+  if (m.pending == 0 || m.pending > m.count) {
+    std::printf("mbarrier arrive on an uninitialized barrier (thread %u)\n", threadIdx.x);
+    std::abort();
+  }
+  if (--m.pending == 0) m.pending = m.count, m.parity ^= 1, ++emu_bar::epoch;
+  emu_bar::put(bar, m);
+}
+inline void wait_parity(uint64_t* bar, uint32_t parity) {
+  while (emu_bar::get(bar).parity == (parity & 1)) emu::yield_at(5);
+}
+inline void arrive_expect_tx(uint64_t*, uint32_t) { std::abort(); }
+inline void copy(void*, const void*, uint32_t, uint64_t*) { std::abort(); }
+}  // namespace bulk
+namespace barrier {
+inline void sync(int id, int threads) {
+  emu_bar::id_of[threadIdx.x] = id;
+  emu_bar::count_of[threadIdx.x] = threads;
+  emu::yield_at(6);
+}
+inline void arrive(int id, int threads) {
+  if (++emu_bar::arrived[id] > threads) {
+    std::printf("named barrier %d: more than %d arrivals\n", id, threads);
+    std::abort();
+  }
+}
+template <int kRegs, bool kInc>
+inline void set_max_regs() {}
+}  // namespace barrier
+}  // namespace flashinfer
