@@ -57,6 +57,13 @@ FLASHINFER_DEVICE void copy(void* smem, const void* gmem) {
 
 FLASHINFER_DEVICE void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
+// Arrives on the mbarrier `bar` once every cp.async this thread has issued so far has landed
+// (cp.async.mbarrier.arrive.noinc, sm_80+: the arrival is one of the count the barrier was
+// initialized with). No commit or wait is needed.
+FLASHINFER_DEVICE void arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // Waits until at most n of this thread's committed groups are still in flight (n <= 15).
 FLASHINFER_DEVICE void wait(int n) {
   switch (n) {

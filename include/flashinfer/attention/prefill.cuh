@@ -86,7 +86,13 @@
 namespace flashinfer {
 namespace attention {
 
-constexpr int kPrefillWsStages = 4;
+// K / V stages of a warp-specialized CTA (>= 4: the paged table's slots, one per stage, are
+// rewritten two tiles ahead; see the producer loop).
+#ifndef FLASHINFER_PREFILL_WS_STAGES
+#define FLASHINFER_PREFILL_WS_STAGES 4
+#endif
+constexpr int kPrefillWsStages = FLASHINFER_PREFILL_WS_STAGES;
+static_assert(kPrefillWsStages >= 4, "warp-specialized prefill: at least 4 stages");
 // Whether a kernel is the warp-specialized one (above).
 FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo) {
   return FLASHINFER_PREFILL_WS != 0 && wg && m_tiles == 2 && vo == PrefillVO::kWhole;
@@ -340,7 +346,10 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   const float cap_log2 = p.soft_cap * detail::kLog2e;
 
   // Q tile: packed row r = token * group + (q head - kv_head * group); rows past the end are zero.
-  for (int i = tid; i < kRows * kChunksQK; i += kThreads) {
+  // (kWs: each consumer warpgroup copies its own M tile's rows, the producer none)
+  const int q_begin = !kWs ? tid : cw < 0 ? kRows * kChunksQK : cw * 64 * kChunksQK + (tid & (kPrefillThreads - 1));
+  const int q_end = kWs ? (cw + 1) * 64 * kChunksQK : kRows * kChunksQK;
+  for (int i = q_begin; i < q_end; i += kWs ? kPrefillThreads : kThreads) {
     const int r = i / kChunksQK, c = i % kChunksQK;
     const int64_t pr = pr0 + r;
     const bool ok = pr < rows;
@@ -385,7 +394,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   };
   if constexpr (kPaged) {
     if (tid < 2 * kKeys) {
-      for (int s = 0; s < (kWgOverlap ? kKBufs + 1 : kWs ? 3 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
+      for (int s = 0; s < (kWgOverlap ? kKBufs + 1 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
         const int64_t kv0 = kv_first + s * kKeys;
         set_row(s, kv0, page_id(kv0, row_r));
       }
@@ -442,8 +451,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   // (every producer thread arrives once its own copies have), its empty barrier when both
   // consumers are done with it (lane 0 of each consumer warp arrives).
   __shared__ uint64_t ws_full[kWs ? kPrefillWsStages : 1], ws_empty[kWs ? kPrefillWsStages : 1];
-  if constexpr (kWs) {  // groups: Q (every thread), then K / V 0 (the producer)
-    cp_async::commit();
+  if constexpr (kWs) {  // (the copies of Q wait in the consumers' loop prologue)
     if (tid == 0) {
       for (int s = 0; s < kPrefillWsStages; ++s) {
         bulk::mbarrier_init(&ws_full[s], kPrefillThreads);
@@ -451,11 +459,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
       }
       bulk::fence_init();
     }
-    if (cw < 0 && n_tiles > 0) load_kv(0, kv_first);
-    cp_async::commit();
-    cp_async::wait(1);  // Q
-    wgmma::fence_proxy_async();
-    __syncthreads();  // (Q and the barriers' init; no CTA-wide barrier after this one)
+    __syncthreads();  // (the barriers' init; no CTA-wide barrier after this one)
   } else if constexpr (kWgOverlap) {  // groups: (Q, K 0), then (V 0, K 1) (, then (K 2) with three K buffers)
     if (n_tiles > 0) load_k(0, 0, kv_first);
     cp_async::commit();
@@ -781,42 +785,49 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
     if (cw < 0) {
       if constexpr (FLASHINFER_PREFILL_WS_REGS > 0) barrier::set_max_regs<3 * 168 - 2 * FLASHINFER_PREFILL_WS_REGS, false>();
       // The producer. Iteration it copies tile it into stage it % kS once the consumers have
-      // released that stage's previous tile (it - kS), then, when tile it - 1's copies have
-      // landed, arrives on its full barrier. Paged: tile it's table (slot it % kS) was written in
-      // iteration it - 2 (tiles 0-2: the prologue) and is published by this iteration's barrier
-      // of the producer's threads; the slot's previous tile, it - kS, was copied before the
-      // barrier of iteration it - kS + 1.
-      for (int64_t it = 1; it <= n_tiles; ++it) {
-        [[maybe_unused]] int next_id = -1;
-        const bool copy = it < n_tiles;
-        if (copy) {
-          const int s = static_cast<int>(it % kS);
-          if (it >= kS) bulk::wait_parity(&ws_empty[s], static_cast<uint32_t>(((it / kS) & 1) ^ 1));
-          if constexpr (kPaged) {
-            barrier::sync(1, kPrefillThreads);
-            if (it + 2 < n_tiles) next_id = page_id(kv_first + (it + 2) * kKeys, row_r);
-          }
-          load_kv(s, kv_first + it * kKeys);
-        }
-        cp_async::commit();
-        cp_async::wait(1);  // tile it - 1
-        wgmma::fence_proxy_async();
-        bulk::arrive(&ws_full[(it - 1) % kS]);
-        if constexpr (kPaged) {
-          if (copy && it + 2 < n_tiles) set_row(static_cast<int>((it + 2) % kS), kv_first + (it + 2) * kKeys, next_id);
-        }
+      // released that stage's previous tile (it - kS); the stage's full barrier counts each
+      // thread in once its copies land (arrive_noinc: the producer never waits for a copy).
+      // Paged: iteration it writes tile it + 2's table (slot (it + 2) % kS; tiles 0 and 1: the
+      // prologue) from the page ids it loaded an iteration earlier, before the barrier of the
+      // producer's threads that publishes it; the slot's previous tile, it - 2, was copied
+      // before the barrier of iteration it - 1.
+      [[maybe_unused]] int next_id = -1;
+      if constexpr (kPaged) {
+        if (n_tiles > 2) next_id = page_id(kv_first + 2 * kKeys, row_r);
       }
+      for (int64_t it = 0; it < n_tiles; ++it) {
+        const int s = static_cast<int>(it % kS);
+        if constexpr (kPaged) {
+          if (it + 2 < n_tiles) set_row(static_cast<int>((it + 2) % kS), kv_first + (it + 2) * kKeys, next_id);
+        }
+        if (it >= kS) bulk::wait_parity(&ws_empty[s], static_cast<uint32_t>(((it / kS) & 1) ^ 1));
+        if constexpr (kPaged) {
+          barrier::sync(1, kPrefillThreads);
+          if (it + 3 < n_tiles) next_id = page_id(kv_first + (it + 3) * kKeys, row_r);
+        }
+        load_kv(s, kv_first + it * kKeys);
+        cp_async::arrive_noinc(&ws_full[s]);
+      }
+      cp_async::commit();
       cp_async::wait(0);
       return;
     }
+    // Consumers: this M tile's Q rows
+    cp_async::commit();
+    cp_async::wait(0);
+    wgmma::fence_proxy_async();
+    barrier::sync(2 + cw, kPrefillThreads);
     if constexpr (FLASHINFER_PREFILL_WS_REGS > 0) barrier::set_max_regs<FLASHINFER_PREFILL_WS_REGS, true>();
     auto release = [&](int64_t it) {  // (lane 0 of each warp: the stage of tile it is read)
       if (lane == 0) bulk::arrive(&ws_empty[it % kS]);
     };
-    auto wait_full = [&](int64_t it) { bulk::wait_parity(&ws_full[it % kS], static_cast<uint32_t>((it / kS) & 1)); };
+    auto wait_full = [&](int64_t it) {  // (then the copies' generic-proxy writes before the products' reads)
+      bulk::wait_parity(&ws_full[it % kS], static_cast<uint32_t>((it / kS) & 1));
+      wgmma::fence_proxy_async();
+    };
     if constexpr (FLASHINFER_PREFILL_WS >= 2) {
       // S of tile it + 1 and P V of tile it are issued together (with FLASHINFER_PREFILL_WS 3 in
-      // this consumer's turn: it waits at barrier 2 + cw, which the other consumer's arrival
+      // this consumer's turn: it waits at barrier 4 + cw, which the other consumer's arrival
       // opens, and arrives at the other's once its products are issued; consumer 1 opens the
       // first turn for consumer 0, and skips its last arrival so that none is left over).
       constexpr bool kPingPong = FLASHINFER_PREFILL_WS == 3;
@@ -839,16 +850,16 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
         wgmma::commit();
       };
       auto turn_begin = [&]() {
-        if constexpr (kPingPong) barrier::sync(2 + cw, 2 * kPrefillThreads);
+        if constexpr (kPingPong) barrier::sync(4 + cw, 2 * kPrefillThreads);
       };
       auto turn_end = [&](bool last) {
         if constexpr (kPingPong) {
-          if (!(last && cw == 1)) barrier::arrive(3 - cw, 2 * kPrefillThreads);
+          if (!(last && cw == 1)) barrier::arrive(5 - cw, 2 * kPrefillThreads);
         }
       };
       if (n_tiles > 0) {
         if constexpr (kPingPong) {
-          if (cw == 1) barrier::arrive(2, 2 * kPrefillThreads);
+          if (cw == 1) barrier::arrive(4, 2 * kPrefillThreads);
         }
         wait_full(0);
         issue_s(0);

@@ -11,6 +11,8 @@
 //  - A named barrier's sync parks the fiber (wait kind 6) with its id and count, an arrive only
 //    counts the thread in; the scheduler opens the barrier when the fibers parked there and the
 //    arrivals make `count` (more arrivals than that abort). set_max_regs does nothing.
+//  - cp_async::arrive_noinc (an arrival once the thread's cp.async copies land) lands them at
+//    once and arrives.
 //  - Bulk copies (the TMA engine) are not emulated: calling one aborts.
 #pragma once
 #include <cstdint>
@@ -102,6 +104,18 @@ inline void wait_parity(uint64_t* bar, uint32_t parity) {
 inline void arrive_expect_tx(uint64_t*, uint32_t) { std::abort(); }
 inline void copy(void*, const void*, uint32_t, uint64_t*) { std::abort(); }
 }  // namespace bulk
+namespace cp_async {
+// (cp_async_emulated.h's copies: this thread's land now, then the arrival)
+inline void arrive_noinc(uint64_t* bar) {
+  auto& groups = emu_cp::groups[threadIdx.x];
+  for (const auto& g : groups)
+    for (const auto& c : g) std::memcpy(c.dst, c.data, size_t(c.bytes));
+  for (const auto& c : emu_cp::open[threadIdx.x]) std::memcpy(c.dst, c.data, size_t(c.bytes));
+  for (auto& g : groups) g.clear();
+  emu_cp::open[threadIdx.x].clear();
+  bulk::arrive(bar);
+}
+}  // namespace cp_async
 namespace barrier {
 inline void sync(int id, int threads) {
   emu_bar::id_of[threadIdx.x] = id;
