@@ -42,10 +42,11 @@ def wrapper(n, ptx, a_regs, tn=False):
 
 body = []
 for tname, ptx in (("__half", "f16"), ("__nv_bfloat16", "bf16")):
-    # S = Q K^T: 64 keys, or 32 (MLA's split scores) (ss); P V: N = the V / O columns, P from
-    # registers (rs_tn) or (MLA) from shared memory (ss_tn)
+    # S = Q K^T: 64 keys, 128 (warp-specialized CTAs) or 32 (MLA's split scores) (ss); P V: N =
+    # the V / O columns, P from registers (rs_tn) or (MLA) from shared memory (ss_tn)
     for n in (32, 64, 128, 256):
-        fns = ([wrapper(n, ptx, False)] if n <= 64 else [wrapper(n, ptx, False, tn=True)])
+        fns = [wrapper(n, ptx, False)] if n <= 128 else []
+        fns += [wrapper(n, ptx, False, tn=True)] if n >= 128 else []
         fns += [wrapper(n, ptx, True)] if n >= 64 else []
         body.append(f"template <>\nstruct Wgmma<{tname}, {n}> {{\n" + "".join(fns) + "};\n")
 print("\n".join(body), end="")

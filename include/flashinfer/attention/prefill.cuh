@@ -67,32 +67,34 @@
 #endif
 
 // Warp-specialized wgmma kernels (FLASHINFER_PREFILL_WS, 1 on, 0 off): the kernels of two M tiles
-// (128 rows, whole columns) run as CTAs of three warpgroups. Warpgroup 0 copies K / V tiles into
-// kPrefillWsStages stages (cp.async; a full mbarrier per stage says a tile landed, an empty one
-// that both consumers are done with it); warpgroups 1 and 2 each own one 64-row M tile, and
-// neither waits for the other: no __syncthreads in the loop. 2: each consumer issues S of tile
-// it + 1 with P V of tile it and runs the softmax of it + 1 under P V; 3: that, and the two
-// consumers take turns issuing their products (named barriers), so one's softmax runs under
-// the other's products.
+// (128 rows, whole columns) run as CTAs of three warpgroups. Warpgroup 0 copies K and V tiles of
+// kPrefillWsKeys keys into kPrefillWsStages stages each (cp.async; per stage a full mbarrier says
+// a tile landed, an empty one that both consumers are done with it; K runs a tile ahead of V);
+// warpgroups 1 and 2 each own one 64-row M tile, and neither waits for the other: no
+// __syncthreads in the loop. 2: each consumer issues S of tile it + 1 with P V of tile it and
+// runs the softmax of it + 1 under P V; 3: that, and the two consumers take turns issuing their
+// products (named barriers), so one's softmax runs under the other's products.
 #ifndef FLASHINFER_PREFILL_WS
 #define FLASHINFER_PREFILL_WS 0
 #endif
-// Warp-specialized CTAs: registers per consumer thread after setmaxnreg (the producer keeps 40);
-// 0: no setmaxnreg (every thread keeps the launch's 168).
+// Warp-specialized CTAs: registers per consumer thread after setmaxnreg (the producer gets what
+// is left of 3 x 168); 0: no setmaxnreg (every thread keeps the launch's 168).
 #ifndef FLASHINFER_PREFILL_WS_REGS
 #define FLASHINFER_PREFILL_WS_REGS 0
+#endif
+// Keys per K / V tile of a warp-specialized CTA (64 or 128), and stages of each.
+#ifndef FLASHINFER_PREFILL_WS_KEYS
+#define FLASHINFER_PREFILL_WS_KEYS 128
+#endif
+#ifndef FLASHINFER_PREFILL_WS_STAGES
+#define FLASHINFER_PREFILL_WS_STAGES 2
 #endif
 
 namespace flashinfer {
 namespace attention {
 
-// K / V stages of a warp-specialized CTA (>= 4: the paged table's slots, one per stage, are
-// rewritten two tiles ahead; see the producer loop).
-#ifndef FLASHINFER_PREFILL_WS_STAGES
-#define FLASHINFER_PREFILL_WS_STAGES 4
-#endif
-constexpr int kPrefillWsStages = FLASHINFER_PREFILL_WS_STAGES;
-static_assert(kPrefillWsStages >= 4, "warp-specialized prefill: at least 4 stages");
+constexpr int kPrefillWsStages = FLASHINFER_PREFILL_WS_STAGES, kPrefillWsKeys = FLASHINFER_PREFILL_WS_KEYS;
+static_assert(kPrefillWsStages >= 2 && (kPrefillWsKeys == 64 || kPrefillWsKeys == 128), "warp-specialized prefill");
 // Whether a kernel is the warp-specialized one (above).
 FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo) {
   return FLASHINFER_PREFILL_WS != 0 && wg && m_tiles == 2 && vo == PrefillVO::kWhole;
@@ -118,9 +120,10 @@ FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, Prefil
 // of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
 FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
                                                                    PrefillVO vo, bool wg) {
+  if (prefill_ws(wg, m_tiles, vo))
+    return int64_t{2} * (int64_t{prefill_rows(m_tiles)} * head_dim_qk +
+                         int64_t{kPrefillWsStages} * kPrefillWsKeys * (head_dim_qk + head_dim_vo)) + 1024;
   return prefill_smem_bytes(head_dim_qk, head_dim_vo, m_tiles, 2, vo == PrefillVO::kMla) +
-         (prefill_ws(wg, m_tiles, vo) ? int64_t{kPrefillWsStages - 2} * kPrefillKeys * (head_dim_qk + head_dim_vo) * 2
-                                      : 0) +
          (wg && vo != PrefillVO::kMla ? 1024 : 0) +
          int64_t{prefill_k_bufs(wg, m_tiles, vo, head_dim_qk) - 2} * kPrefillKeys * head_dim_qk * 2;
 }
@@ -258,7 +261,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   constexpr int kVoGroups = prefill_threads(kVO) / kPrefillThreads, kThreads = prefill_kernel_threads(kVO, kWg, kMT);
   constexpr int kTM = kWs ? 1 : kMT;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
-  constexpr int kKeys = kPrefillKeys;               // keys per stage
+  constexpr int kKeys = kWs ? kPrefillWsKeys : kPrefillKeys;  // keys per stage
   constexpr int kWarpRows = 16 * kMT, kRows = kPrefillWarps * kWarpRows;
   static_assert(!kWg || (kVO != PrefillVO::kParts && kDQK % 64 == 0 && kDVO % 64 == 0 && kDVO <= 256),
                 "wgmma: whole V / O columns or MLA, head dims multiples of 64, V / O columns <= 256");
@@ -289,7 +292,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   // tile (kSNT 8-key score tiles); sP holds the tile's P (64 rows x 64 keys, swizzled like a
   // 128-byte-row tile) and sMax each group's row maxima, then (epilogue) its row sums.
   constexpr bool kSplitS = kMla && FLASHINFER_MLA_SPLIT_S != 0;
-  constexpr int kSKeys = kSplitS ? kPrefillKeys / kVoGroups : kPrefillKeys, kSNT = kSKeys / 8;
+  constexpr int kSKeys = kSplitS ? kPrefillKeys / kVoGroups : kKeys, kSNT = kSKeys / 8;
   const int vg = kSplitS ? (tid >> 5) / kPrefillWarps : 0;
   [[maybe_unused]] constexpr int kSUnroll = FLASHINFER_MLA_SPLIT_S_UNROLL;
   // (kWg: sP is the A operand of P V, a 128-byte-swizzled tile: 1024-byte aligned)
@@ -374,7 +377,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   // kWgOverlap: K tiles are loaded a tile ahead of V (see the loop), and the table has four
   // slots, tile t in slot t % 4.
   constexpr bool kWgOverlap = prefill_wg_overlap(kWg, kMT, kVO, kDQK) != 0;
-  constexpr int kAddrSlots = kWs ? kPrefillWsStages : kWgOverlap ? 4 : 2;
+  constexpr int kAddrSlots = kWgOverlap || kWs ? 4 : 2;
   __shared__ __align__(16) uint64_t page_addr[kPaged ? kAddrSlots : 1][kPaged ? kKeys : 1][2];
   auto page_id = [&](int64_t kv0, int r) -> int {
     if (kv0 + r >= kv_len) return -1;
@@ -382,18 +385,23 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
     return id >= 0 && id < p.num_pages ? static_cast<int>(id) : -1;
   };
   const int row_r = tid % kKeys, row_which = tid / kKeys;  // (the table entry this thread fills)
+  // (kWs: the producer's threads, one per row, fill both entries)
   auto set_row = [&](int stage, int64_t kv0, int id) {
     const int64_t e = static_cast<int>(kv0 + row_r) % p.page_size;
-    const T* base = row_which == 0 ? p.k + int64_t{kv_head} * p.k_stride_h
-                    : kMla         ? p.k_rope
-                                   : p.v + int64_t{kv_head} * p.v_stride_h;
-    const int64_t sp = row_which == 0 ? p.k_stride_page : kMla ? p.kr_stride_page : p.v_stride_page;
-    const int64_t sn = row_which == 0 ? p.k_stride_n : kMla ? p.kr_stride_n : p.v_stride_n;
-    page_addr[stage][row_r][row_which] = id < 0 ? reinterpret_cast<uint64_t>(base) | 1
-                                               : reinterpret_cast<uint64_t>(base + id * sp + e * sn);
+    FLASHINFER_UNROLL
+    for (int w = kWs ? 0 : 1; w < 2; ++w) {
+      const int which = kWs ? w : row_which;
+      const T* base = which == 0 ? p.k + int64_t{kv_head} * p.k_stride_h
+                      : kMla     ? p.k_rope
+                                 : p.v + int64_t{kv_head} * p.v_stride_h;
+      const int64_t sp = which == 0 ? p.k_stride_page : kMla ? p.kr_stride_page : p.v_stride_page;
+      const int64_t sn = which == 0 ? p.k_stride_n : kMla ? p.kr_stride_n : p.v_stride_n;
+      page_addr[stage][row_r][which] = id < 0 ? reinterpret_cast<uint64_t>(base) | 1
+                                             : reinterpret_cast<uint64_t>(base + id * sp + e * sn);
+    }
   };
   if constexpr (kPaged) {
-    if (tid < 2 * kKeys) {
+    if (tid < (kWs ? kKeys : 2 * kKeys)) {
       for (int s = 0; s < (kWgOverlap ? kKBufs + 1 : 2) && s < n_tiles; ++s) {  // (tiles the prologue and first iteration copy)
         const int64_t kv0 = kv_first + s * kKeys;
         set_row(s, kv0, page_id(kv0, row_r));
@@ -447,15 +455,17 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   constexpr bool kFusedScale = FLASHINFER_PREFILL_FUSED_SCALE < 0
                                    ? kMode != PrefillMode::kSingle || kDQK == 64
                                    : FLASHINFER_PREFILL_FUSED_SCALE != 0;
-  // kWs: stage s's full barrier completes a phase when tile s + k kPrefillWsStages has landed
-  // (every producer thread arrives once its own copies have), its empty barrier when both
-  // consumers are done with it (lane 0 of each consumer warp arrives).
-  __shared__ uint64_t ws_full[kWs ? kPrefillWsStages : 1], ws_empty[kWs ? kPrefillWsStages : 1];
+  // kWs: [0] K, [1] V. Stage s's full barrier completes a phase when tile s + k kPrefillWsStages
+  // has landed (every producer thread arrives once its own copies have), its empty barrier when
+  // both consumers are done with it (lane 0 of each consumer warp arrives).
+  __shared__ uint64_t ws_full[kWs ? 2 : 1][kWs ? kPrefillWsStages : 1], ws_empty[kWs ? 2 : 1][kWs ? kPrefillWsStages : 1];
   if constexpr (kWs) {  // (the copies of Q wait in the consumers' loop prologue)
     if (tid == 0) {
-      for (int s = 0; s < kPrefillWsStages; ++s) {
-        bulk::mbarrier_init(&ws_full[s], kPrefillThreads);
-        bulk::mbarrier_init(&ws_empty[s], 2 * kPrefillWarps);
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int s = 0; s < kPrefillWsStages; ++s) {
+          bulk::mbarrier_init(&ws_full[kv][s], kPrefillThreads);
+          bulk::mbarrier_init(&ws_empty[kv][s], 2 * kPrefillWarps);
+        }
       }
       bulk::fence_init();
     }
@@ -782,32 +792,40 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
       FLASHINFER_PREFILL_PLAIN_LOOP < 0 ? kMode == PrefillMode::kSingle : FLASHINFER_PREFILL_PLAIN_LOOP != 0;
   if constexpr (kWs) {
     constexpr int kS = kPrefillWsStages;
+    // (tile it of K (kv 0) or V (1): stage it % kS, phase it / kS)
+    auto wait_phase = [&](uint64_t(&bars)[2][kPrefillWsStages], int kv, int64_t it, int flip) {
+      bulk::wait_parity(&bars[kv][it % kS], static_cast<uint32_t>(((it / kS) & 1) ^ flip));
+    };
     if (cw < 0) {
       if constexpr (FLASHINFER_PREFILL_WS_REGS > 0) barrier::set_max_regs<3 * 168 - 2 * FLASHINFER_PREFILL_WS_REGS, false>();
-      // The producer. Iteration it copies tile it into stage it % kS once the consumers have
-      // released that stage's previous tile (it - kS); the stage's full barrier counts each
+      // The producer. Iteration it copies K(it), then V(it - 1), each into its stage once the
+      // consumers have released the stage's previous tile; a stage's full barrier counts each
       // thread in once its copies land (arrive_noinc: the producer never waits for a copy).
-      // Paged: iteration it writes tile it + 2's table (slot (it + 2) % kS; tiles 0 and 1: the
-      // prologue) from the page ids it loaded an iteration earlier, before the barrier of the
-      // producer's threads that publishes it; the slot's previous tile, it - 2, was copied
-      // before the barrier of iteration it - 1.
+      // Paged: tile t's table (slot t % 4) serves K(t) in iteration t and V(t) in t + 1.
+      // Iteration it writes tile it + 2's, after the barrier of the producer's threads that
+      // publishes it to iteration it + 2 (tile it - 2, the slot's previous tile, was last read in
+      // iteration it - 1), from page ids loaded an iteration earlier; tiles 0 and 1: the prologue.
       [[maybe_unused]] int next_id = -1;
       if constexpr (kPaged) {
         if (n_tiles > 2) next_id = page_id(kv_first + 2 * kKeys, row_r);
       }
+      auto copy_v = [&](int64_t t) {
+        if (t >= kS) wait_phase(ws_empty, 1, t, 1);
+        load_v(static_cast<int>(t % kS), static_cast<int>(t % kAddrSlots), kv_first + t * kKeys);
+        cp_async::arrive_noinc(&ws_full[1][t % kS]);
+      };
       for (int64_t it = 0; it < n_tiles; ++it) {
-        const int s = static_cast<int>(it % kS);
-        if constexpr (kPaged) {
-          if (it + 2 < n_tiles) set_row(static_cast<int>((it + 2) % kS), kv_first + (it + 2) * kKeys, next_id);
-        }
-        if (it >= kS) bulk::wait_parity(&ws_empty[s], static_cast<uint32_t>(((it / kS) & 1) ^ 1));
+        if (it >= kS) wait_phase(ws_empty, 0, it, 1);
         if constexpr (kPaged) {
           barrier::sync(1, kPrefillThreads);
+          if (it + 2 < n_tiles) set_row(static_cast<int>((it + 2) % kAddrSlots), kv_first + (it + 2) * kKeys, next_id);
           if (it + 3 < n_tiles) next_id = page_id(kv_first + (it + 3) * kKeys, row_r);
         }
-        load_kv(s, kv_first + it * kKeys);
-        cp_async::arrive_noinc(&ws_full[s]);
+        load_k(static_cast<int>(it % kS), static_cast<int>(it % kAddrSlots), kv_first + it * kKeys);
+        cp_async::arrive_noinc(&ws_full[0][it % kS]);
+        if (it > 0) copy_v(it - 1);
       }
+      if (n_tiles > 0) copy_v(n_tiles - 1);
       cp_async::commit();
       cp_async::wait(0);
       return;
@@ -818,12 +836,30 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
     wgmma::fence_proxy_async();
     barrier::sync(2 + cw, kPrefillThreads);
     if constexpr (FLASHINFER_PREFILL_WS_REGS > 0) barrier::set_max_regs<FLASHINFER_PREFILL_WS_REGS, true>();
-    auto release = [&](int64_t it) {  // (lane 0 of each warp: the stage of tile it is read)
-      if (lane == 0) bulk::arrive(&ws_empty[it % kS]);
-    };
-    auto wait_full = [&](int64_t it) {  // (then the copies' generic-proxy writes before the products' reads)
-      bulk::wait_parity(&ws_full[it % kS], static_cast<uint32_t>((it / kS) & 1));
+    auto wait_full = [&](int kv, int64_t it) {  // (then the copies' generic-proxy writes before the products' reads)
+      wait_phase(ws_full, kv, it, 0);
       wgmma::fence_proxy_async();
+    };
+    auto release = [&](int kv, int64_t it) {  // (lane 0 of each warp: this warp's products have read the tile)
+      if (lane == 0) bulk::arrive(&ws_empty[kv][it % kS]);
+    };
+    float sc[1][kSNT][4];
+    uint32_t pa[kKeys / 16][4];
+    float alpha[1][2];
+    auto issue_s = [&](int64_t it) {
+      FLASHINFER_UNROLL
+      for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
+      wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+      wgmma::fence();
+      wg_qk(&sc[0][0][0], cw, sK + (it % kS) * kKeys * kRowQK);
+      wgmma::commit();
+    };
+    auto issue_pv = [&](int64_t it) {
+      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+      wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
+      wgmma::fence();
+      wg_pv(&o[0][0][0], pa, sV + (it % kS) * kKeys * kRowVO);
+      wgmma::commit();
     };
     if constexpr (FLASHINFER_PREFILL_WS >= 2) {
       // S of tile it + 1 and P V of tile it are issued together (with FLASHINFER_PREFILL_WS 3 in
@@ -831,24 +867,6 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
       // opens, and arrives at the other's once its products are issued; consumer 1 opens the
       // first turn for consumer 0, and skips its last arrival so that none is left over).
       constexpr bool kPingPong = FLASHINFER_PREFILL_WS == 3;
-      float sc[1][kSNT][4];
-      uint32_t pa[kKeys / 16][4];
-      float alpha[1][2];
-      auto issue_s = [&](int64_t it) {
-        FLASHINFER_UNROLL
-        for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
-        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
-        wgmma::fence();
-        wg_qk(&sc[0][0][0], cw, sK + (it % kS) * kKeys * kRowQK);
-        wgmma::commit();
-      };
-      auto issue_pv = [&](int64_t it) {
-        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-        wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
-        wgmma::fence();
-        wg_pv(&o[0][0][0], pa, sV + (it % kS) * kKeys * kRowVO);
-        wgmma::commit();
-      };
       auto turn_begin = [&]() {
         if constexpr (kPingPong) barrier::sync(4 + cw, 2 * kPrefillThreads);
       };
@@ -861,64 +879,56 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
         if constexpr (kPingPong) {
           if (cw == 1) barrier::arrive(4, 2 * kPrefillThreads);
         }
-        wait_full(0);
+        wait_full(0, 0);
         issue_s(0);
         wgmma::wait<0>();
         wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        release(0, 0);
         softmax_tile(BoolTag<true>{}, kv_first, sc, alpha);  // (O is zero: no rescale)
         pack_p(sc[0], pa);
       }
       for (int64_t it = 0; it + 1 < n_tiles; ++it) {
-        wait_full(it + 1);
+        wait_full(0, it + 1);
+        wait_full(1, it);
         turn_begin();
         issue_s(it + 1);
         issue_pv(it);
         turn_end(false);
         wgmma::wait<1>();  // S(it + 1); P V (it) may still run
         wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
+        release(0, it + 1);
         softmax_tile(BoolTag<true>{}, kv_first + (it + 1) * kKeys, sc, alpha);
         wgmma::wait<0>();
         wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-        release(it);
+        release(1, it);
         rescale_o(alpha);
         pack_p(sc[0], pa);
       }
       if (n_tiles > 0) {
+        wait_full(1, n_tiles - 1);
         turn_begin();
         issue_pv(n_tiles - 1);
         turn_end(true);
         wgmma::wait<0>();
         wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-        release(n_tiles - 1);
+        release(1, n_tiles - 1);
       }
     } else {
-      // A consumer: its M tile's S = Q K^T, softmax and O += P V per tile; lane 0 of each warp
-      // releases the stage when P V has read it.
+      // Each tile in turn: S = Q K^T, softmax, O += P V.
       for (int64_t it = 0; it < n_tiles; ++it) {
-        const int s = static_cast<int>(it % kS);
-        wait_full(it);
-        float sc[1][kSNT][4];
-        FLASHINFER_UNROLL
-        for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
-        wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
-        wgmma::fence();
-        wg_qk(&sc[0][0][0], cw, sK + s * kKeys * kRowQK);
-        wgmma::commit();
+        wait_full(0, it);
+        issue_s(it);
         wgmma::wait<0>();
         wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
-        float alpha[1][2];
+        release(0, it);
         softmax_tile(BoolTag<true>{}, kv_first + it * kKeys, sc, alpha);
         rescale_o(alpha);
-        uint32_t pa[kKeys / 16][4];
         pack_p(sc[0], pa);
-        wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-        wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
-        wgmma::fence();
-        wg_pv(&o[0][0][0], pa, sV + s * kKeys * kRowVO);
-        wgmma::commit();
+        wait_full(1, it);
+        issue_pv(it);
         wgmma::wait<0>();
         wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-        release(it);
+        release(1, it);
       }
     }
   } else if constexpr (kWgOverlap) {
