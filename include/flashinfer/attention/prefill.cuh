@@ -74,13 +74,23 @@
 // __syncthreads in the loop. 2: each consumer issues S of tile it + 1 with P V of tile it and
 // runs the softmax of it + 1 under P V; 3: that, and the two consumers take turns issuing their
 // products (named barriers), so one's softmax runs under the other's products.
+// Default 1 (with 208 registers per consumer thread and 128-key tiles) for single-request
+// prefill at head_dim 128, where it measured faster (H200, bf16, 32 / 8 heads, us; NOTES,
+// session 23): causal 2048 142 -> 128, 4096 398 -> 353, 16384 4822 -> 4760; non-causal 4096 620
+// -> 627. Batch kernels and head_dim 64 were slower with it (8 x 2048 ragged 789 -> 866, paged
+// 907 -> 1021, 32 x 512 paged 461 -> 536, head_dim 64 273 -> 279): a CTA per SM whose prologue
+// no other CTA hides, where the short work items of a batch start often.
+// FLASHINFER_PREFILL_WS_SCOPE: 0 (default) those kernels, 1 every two-M-tile kernel.
 #ifndef FLASHINFER_PREFILL_WS
-#define FLASHINFER_PREFILL_WS 0
+#define FLASHINFER_PREFILL_WS 1
+#endif
+#ifndef FLASHINFER_PREFILL_WS_SCOPE
+#define FLASHINFER_PREFILL_WS_SCOPE 0
 #endif
 // Warp-specialized CTAs: registers per consumer thread after setmaxnreg (the producer gets what
 // is left of 3 x 168); 0: no setmaxnreg (every thread keeps the launch's 168).
 #ifndef FLASHINFER_PREFILL_WS_REGS
-#define FLASHINFER_PREFILL_WS_REGS 0
+#define FLASHINFER_PREFILL_WS_REGS 208
 #endif
 // Keys per K / V tile of a warp-specialized CTA (64 or 128), and stages of each.
 #ifndef FLASHINFER_PREFILL_WS_KEYS
@@ -96,12 +106,14 @@ namespace attention {
 constexpr int kPrefillWsStages = FLASHINFER_PREFILL_WS_STAGES, kPrefillWsKeys = FLASHINFER_PREFILL_WS_KEYS;
 static_assert(kPrefillWsStages >= 2 && (kPrefillWsKeys == 64 || kPrefillWsKeys == 128), "warp-specialized prefill");
 // Whether a kernel is the warp-specialized one (above).
-FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo) {
-  return FLASHINFER_PREFILL_WS != 0 && wg && m_tiles == 2 && vo == PrefillVO::kWhole;
+FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo, PrefillMode mode, int head_dim_qk) {
+  return FLASHINFER_PREFILL_WS != 0 && wg && m_tiles == 2 && vo == PrefillVO::kWhole &&
+         (FLASHINFER_PREFILL_WS_SCOPE != 0 || (mode == PrefillMode::kSingle && head_dim_qk == 128));
 }
 // A kernel's threads: prefill_threads, or a warp-specialized CTA's three warpgroups.
-FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(PrefillVO vo, bool wg, int m_tiles) {
-  return prefill_ws(wg, m_tiles, vo) ? 3 * kPrefillThreads : prefill_threads(vo);
+FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(PrefillVO vo, bool wg, int m_tiles, PrefillMode mode,
+                                                         int head_dim_qk) {
+  return prefill_ws(wg, m_tiles, vo, mode, head_dim_qk) ? 3 * kPrefillThreads : prefill_threads(vo);
 }
 
 // The overlapped wgmma loop's mode of a kernel (FLASHINFER_PREFILL_WG_OVERLAP; one M tile, whole
@@ -119,8 +131,8 @@ FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, Prefil
 // A kernel's dynamic shared memory: prefill_smem_bytes' tiles, and for a wgmma kernel 1024 bytes
 // of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
 FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
-                                                                   PrefillVO vo, bool wg) {
-  if (prefill_ws(wg, m_tiles, vo))
+                                                                   PrefillVO vo, bool wg, PrefillMode mode) {
+  if (prefill_ws(wg, m_tiles, vo, mode, head_dim_qk))
     return int64_t{2} * (int64_t{prefill_rows(m_tiles)} * head_dim_qk +
                          int64_t{kPrefillWsStages} * kPrefillWsKeys * (head_dim_qk + head_dim_vo)) + 1024;
   return prefill_smem_bytes(head_dim_qk, head_dim_vo, m_tiles, 2, vo == PrefillVO::kMla) +
@@ -248,7 +260,7 @@ struct BoolTag {
 // from registers, V from shared memory) are wgmma products over 128-byte-swizzled tiles.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
           PrefillVO kVO = PrefillVO::kWhole, bool kWg = false>
-__global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) PrefillKernel(const PrefillParams<T> p) {
+__global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kMode, kDQK)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
@@ -257,8 +269,9 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT)) Prefill
   // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
   constexpr int kRowV = kMla ? kRowQK : kRowVO;
   // (kWs: warp-specialized, see FLASHINFER_PREFILL_WS; a thread's accumulators then hold one M tile)
-  constexpr bool kWs = prefill_ws(kWg, kMT, kVO);
-  constexpr int kVoGroups = prefill_threads(kVO) / kPrefillThreads, kThreads = prefill_kernel_threads(kVO, kWg, kMT);
+  constexpr bool kWs = prefill_ws(kWg, kMT, kVO, kMode, kDQK);
+  constexpr int kVoGroups = prefill_threads(kVO) / kPrefillThreads;
+  constexpr int kThreads = prefill_kernel_threads(kVO, kWg, kMT, kMode, kDQK);
   constexpr int kTM = kWs ? 1 : kMT;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kWs ? kPrefillWsKeys : kPrefillKeys;  // keys per stage
@@ -1111,11 +1124,11 @@ template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO 
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
   constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO, kWg>;
   const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
-  const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(kDQK, p.head_dim_vo, kMT, kVO, kWg));
+  const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(kDQK, p.head_dim_vo, kMT, kVO, kWg, kMode));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
-                dim3(prefill_kernel_threads(kVO, kWg, kMT)), smem, stream, p.pdl, p);
+                dim3(prefill_kernel_threads(kVO, kWg, kMT, kMode, kDQK)), smem, stream, p.pdl, p);
 }
 // Whether wgmma kernels can run on `info`'s device: this build has sm_90a code
 // (FLASHINFER_ENABLE_WGMMA) and the device is a 9.0 one.

@@ -395,12 +395,13 @@ void run_case(const Case& c, uint64_t seed) {
   const int mt = prefill_max_m_tiles(p.head_dim_qk, p.head_dim_vo) == 2 && (turn++ & 1) ? 2 : 1;
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
   const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(
-      p.head_dim_qk, p.head_dim_vo, mt, prefill_vo_parts(p.head_dim_vo) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg));
+      p.head_dim_qk, p.head_dim_vo, mt, prefill_vo_parts(p.head_dim_vo) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg,
+      PrefillMode::kSingle));
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid,
-            prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
+            prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, PrefillMode::kSingle, p.head_dim_qk), smem, p);
 
   Result r;
   double max_v = 0;
@@ -622,7 +623,8 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
   const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(KH),
                   static_cast<unsigned>(prefill_vo_parts(DV)));
   const size_t smem = static_cast<size_t>(
-      prefill_kernel_smem_bytes(DQ, DV, mt, prefill_vo_parts(DV) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg));
+      prefill_kernel_smem_bytes(DQ, DV, mt, prefill_vo_parts(DV) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg,
+                                paged ? PrefillMode::kPaged : PrefillMode::kRagged));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   if (p.num_items > 0 && H > 0) {
     // each CTA writes only its own rows
@@ -662,10 +664,10 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
     };
     if (paged)
       launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid,
-                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
+                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, PrefillMode::kPaged, DQ), smem, p);
     else
       launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid,
-                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
+                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, PrefillMode::kRagged, DQ), smem, p);
     after_cta = nullptr;
   }
   if (C > 1) merge_chunks(qo_indptr[B], C, H, DV, o_part, lse_part, o, o_sn, lse, a.lse);
