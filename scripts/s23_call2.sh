@@ -1,19 +1,6 @@
 #!/usr/bin/env bash
-# Session 23, device call 2: the warp-specialized prefill with a producer that never waits for its
-# copies (cp.async.mbarrier.arrive.noinc): modes 1 / 3, setmaxnreg 200, 5 stages, against HEAD;
-# then the prefill GPU tests on the mode-3 package.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+# Session 23, device call 2 (as of its commit): a producer that never waits for its copies
+# (cp.async.mbarrier.arrive.noinc): modes 1 / 3, setmaxnreg 200, 5 stages, against HEAD; then the
+# prefill GPU tests on the mode-3 package.
 VARIANTS=$'head|| \nws1|-DFLASHINFER_PREFILL_WS=1\nws3|-DFLASHINFER_PREFILL_WS=3\nws3r|-DFLASHINFER_PREFILL_WS=3 -DFLASHINFER_PREFILL_WS_REGS=200\nws3s5|-DFLASHINFER_PREFILL_WS=3 -DFLASHINFER_PREFILL_WS_STAGES=5' \
-  MODULES=_prefill CASES=benchmarks/sweeps/s23_ws.txt ROUNDS=1 timeout 430 bash scripts/gpu_ab.sh > "$OUT/ab.txt" 2>&1
-echo "ab rc $?"
-for v in 3:test_prefill.py:50 3:test_batch_prefill.py:150; do
-  IFS=: read -r n f lim <<< "$v"
-  PYTHONPATH=$PWD/build/ab-pkg-$n timeout $lim python3 -m pytest -q -x -n 15 -p no:cacheprovider tests/python/$f > "$OUT/pytest-pkg$n-$f.txt" 2>&1
-  echo "pkg $n $f: rc $? $(tail -1 "$OUT/pytest-pkg$n-$f.txt")"
-done
-grep -h "builds:\|total:" "$OUT/ab.txt"
-tail -30 "$OUT/ab.txt"
+  TESTS="3:test_prefill.py:50 3:test_batch_prefill.py:150" AB_TIMEOUT=430 exec bash "$(dirname "$0")/s23_ab.sh"
