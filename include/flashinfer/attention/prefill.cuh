@@ -74,18 +74,12 @@
 // __syncthreads in the loop. 2: each consumer issues S of tile it + 1 with P V of tile it and
 // runs the softmax of it + 1 under P V; 3: that, and the two consumers take turns issuing their
 // products (named barriers), so one's softmax runs under the other's products.
-// Default 1 (with 208 registers per consumer thread and 128-key tiles) for single-request
-// prefill at head_dim 128, where it measured faster (H200, bf16, 32 / 8 heads, us; NOTES,
-// session 23): causal 2048 142 -> 128, 4096 398 -> 353, 16384 4822 -> 4760; non-causal 4096 620
-// -> 627. Batch kernels and head_dim 64 were slower with it (8 x 2048 ragged 789 -> 866, paged
-// 907 -> 1021, 32 x 512 paged 461 -> 536, head_dim 64 273 -> 279): a CTA per SM whose prologue
-// no other CTA hides, where the short work items of a batch start often.
-// FLASHINFER_PREFILL_WS_SCOPE: 0 (default) those kernels, 1 every two-M-tile kernel.
+// Default 1 (with 208 registers per consumer thread and 128-key tiles), built for single-request
+// prefill at head_dim 128 and launched where prefill_single_ws (prefill.h) says: causal, small
+// grids. The kernel instance is a template switch (kWsReq), so other kernels can be built with it
+// for measurements.
 #ifndef FLASHINFER_PREFILL_WS
 #define FLASHINFER_PREFILL_WS 1
-#endif
-#ifndef FLASHINFER_PREFILL_WS_SCOPE
-#define FLASHINFER_PREFILL_WS_SCOPE 0
 #endif
 // Warp-specialized CTAs: registers per consumer thread after setmaxnreg (the producer gets what
 // is left of 3 x 168); 0: no setmaxnreg (every thread keeps the launch's 168).
@@ -106,14 +100,13 @@ namespace attention {
 constexpr int kPrefillWsStages = FLASHINFER_PREFILL_WS_STAGES, kPrefillWsKeys = FLASHINFER_PREFILL_WS_KEYS;
 static_assert(kPrefillWsStages >= 2 && (kPrefillWsKeys == 64 || kPrefillWsKeys == 128), "warp-specialized prefill");
 // Whether a kernel is the warp-specialized one (above).
-FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo, PrefillMode mode, int head_dim_qk) {
-  return FLASHINFER_PREFILL_WS != 0 && wg && m_tiles == 2 && vo == PrefillVO::kWhole &&
-         (FLASHINFER_PREFILL_WS_SCOPE != 0 || (mode == PrefillMode::kSingle && head_dim_qk == 128));
+// (ws: the instance asks for it; FLASHINFER_PREFILL_WS 0 builds the plain kernel instead)
+FLASHINFER_HOST_DEVICE constexpr bool prefill_ws(bool wg, int m_tiles, PrefillVO vo, bool ws) {
+  return FLASHINFER_PREFILL_WS != 0 && ws && wg && m_tiles == 2 && vo == PrefillVO::kWhole;
 }
 // A kernel's threads: prefill_threads, or a warp-specialized CTA's three warpgroups.
-FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(PrefillVO vo, bool wg, int m_tiles, PrefillMode mode,
-                                                         int head_dim_qk) {
-  return prefill_ws(wg, m_tiles, vo, mode, head_dim_qk) ? 3 * kPrefillThreads : prefill_threads(vo);
+FLASHINFER_HOST_DEVICE constexpr int prefill_kernel_threads(PrefillVO vo, bool wg, int m_tiles, bool ws = false) {
+  return prefill_ws(wg, m_tiles, vo, ws) ? 3 * kPrefillThreads : prefill_threads(vo);
 }
 
 // The overlapped wgmma loop's mode of a kernel (FLASHINFER_PREFILL_WG_OVERLAP; one M tile, whole
@@ -131,8 +124,8 @@ FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, Prefil
 // A kernel's dynamic shared memory: prefill_smem_bytes' tiles, and for a wgmma kernel 1024 bytes
 // of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
 FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
-                                                                   PrefillVO vo, bool wg, PrefillMode mode) {
-  if (prefill_ws(wg, m_tiles, vo, mode, head_dim_qk))
+                                                                   PrefillVO vo, bool wg, bool ws = false) {
+  if (prefill_ws(wg, m_tiles, vo, ws))
     return int64_t{2} * (int64_t{prefill_rows(m_tiles)} * head_dim_qk +
                          int64_t{kPrefillWsStages} * kPrefillWsKeys * (head_dim_qk + head_dim_vo)) + 1024;
   return prefill_smem_bytes(head_dim_qk, head_dim_vo, m_tiles, 2, vo == PrefillVO::kMla) +
@@ -259,8 +252,8 @@ struct BoolTag {
 // (warp w: 16 w .. 16 w + 15 of it), and S = Q K^T (both from shared memory) and O += P V (P
 // from registers, V from shared memory) are wgmma products over 128-byte-swizzled tiles.
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode = PrefillMode::kSingle,
-          PrefillVO kVO = PrefillVO::kWhole, bool kWg = false>
-__global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kMode, kDQK)) PrefillKernel(const PrefillParams<T> p) {
+          PrefillVO kVO = PrefillVO::kWhole, bool kWg = false, bool kWsReq = false>
+__global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kWsReq)) PrefillKernel(const PrefillParams<T> p) {
   constexpr bool kPaged = kMode == PrefillMode::kPaged;
   constexpr bool kMla = kVO == PrefillVO::kMla;
   static_assert(kDQK % 16 == 0 && kDVO % 16 == 0 && kDQK >= 64 && kDVO >= 64, "head dims: multiples of 16, >= 64");
@@ -269,9 +262,9 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kMode, k
   // V's tile: its own stages, or (MLA) the K tile, whose rows are kRowQK bytes
   constexpr int kRowV = kMla ? kRowQK : kRowVO;
   // (kWs: warp-specialized, see FLASHINFER_PREFILL_WS; a thread's accumulators then hold one M tile)
-  constexpr bool kWs = prefill_ws(kWg, kMT, kVO, kMode, kDQK);
+  constexpr bool kWs = prefill_ws(kWg, kMT, kVO, kWsReq);
   constexpr int kVoGroups = prefill_threads(kVO) / kPrefillThreads;
-  constexpr int kThreads = prefill_kernel_threads(kVO, kWg, kMT, kMode, kDQK);
+  constexpr int kThreads = prefill_kernel_threads(kVO, kWg, kMT, kWsReq);
   constexpr int kTM = kWs ? 1 : kMT;
   constexpr int kChunksQK = kDQK / 8;                    // 16-byte chunks per Q row
   constexpr int kKeys = kWs ? kPrefillWsKeys : kPrefillKeys;  // keys per stage
@@ -1085,14 +1078,19 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kMode, k
 }
 
 // The kernel of one (head_dim_qk, head_dim_vo, m_tiles, mode) choice (null: not built); wg: the
-// wgmma one (whole-column head dims, FLASHINFER_ENABLE_WGMMA builds; the emulator test's entry).
+// wgmma one (whole-column head dims, FLASHINFER_ENABLE_WGMMA builds; the emulator test's entry);
+// ws: the warp-specialized one where built (single prefill, two M tiles at head_dim 128).
 template <typename T>
 using PrefillKernelPtr = void (*)(const PrefillParams<T>);
 template <typename T, PrefillMode kMode = PrefillMode::kSingle>
-PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles, bool wg = false) {
+PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles, bool wg = false, bool ws = false) {
   const bool two = m_tiles == 2;
   if (m_tiles != 1 && !(two && prefill_max_m_tiles(head_dim_qk, head_dim_vo) == 2)) return nullptr;
 #if defined(FLASHINFER_ENABLE_WGMMA)
+  if constexpr (kMode == PrefillMode::kSingle) {
+    if (wg && ws && two && head_dim_qk == 128 && head_dim_vo == 128)
+      return PrefillKernel<T, 128, 128, 2, kMode, PrefillVO::kWhole, true, true>;
+  }
   if (wg) {
     if (head_dim_qk == 64 && head_dim_vo == 64)
       return two ? PrefillKernel<T, 64, 64, 2, kMode, PrefillVO::kWhole, true>
@@ -1120,15 +1118,15 @@ PrefillKernelPtr<T> prefill_kernel(int head_dim_qk, int head_dim_vo, int m_tiles
 
 namespace detail {
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode, PrefillVO kVO = PrefillVO::kWhole,
-          bool kWg = false>
+          bool kWg = false, bool kWs = false>
 cudaError_t launch_prefill(const PrefillParams<T>& p, int64_t grid_x, cudaStream_t stream) {
-  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO, kWg>;
+  constexpr PrefillKernelPtr<T> kKernel = PrefillKernel<T, kDQK, kDVO, kMT, kMode, kVO, kWg, kWs>;
   const int parts = kVO == PrefillVO::kWhole ? 1 : p.head_dim_vo / kDVO / (prefill_threads(kVO) / kPrefillThreads);
-  const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(kDQK, p.head_dim_vo, kMT, kVO, kWg, kMode));
+  const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(kDQK, p.head_dim_vo, kMT, kVO, kWg, kWs));
   FLASHINFER_CUDA_TRY(ensure_dynamic_smem<kKernel>(smem));
   return launch(kKernel,
                 dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts)),
-                dim3(prefill_kernel_threads(kVO, kWg, kMT, kMode, kDQK)), smem, stream, p.pdl, p);
+                dim3(prefill_kernel_threads(kVO, kWg, kMT, kWs)), smem, stream, p.pdl, p);
 }
 // Whether wgmma kernels can run on `info`'s device: this build has sm_90a code
 // (FLASHINFER_ENABLE_WGMMA) and the device is a 9.0 one.
@@ -1141,29 +1139,34 @@ inline bool prefill_wgmma_usable(const DeviceInfo& info) {
 #endif
 }
 // A whole-columns kernel: the wgmma one where usable (wg) and on (FLASHINFER_PREFILL_WGMMA;
-// instantiated only in sm_90a builds).
+// instantiated only in sm_90a builds); with ws the warp-specialized one where built (single
+// prefill, two M tiles at head_dim 128).
 template <typename T, int kDQK, int kDVO, int kMT, PrefillMode kMode>
-cudaError_t launch_prefill_whole(const PrefillParams<T>& p, int64_t grid_x, bool wg, cudaStream_t stream) {
+cudaError_t launch_prefill_whole(const PrefillParams<T>& p, int64_t grid_x, bool wg, bool ws, cudaStream_t stream) {
 #if defined(FLASHINFER_ENABLE_WGMMA) && FLASHINFER_PREFILL_WGMMA
+  if constexpr (kMode == PrefillMode::kSingle && kDQK == 128 && kDVO == 128 && kMT == 2) {
+    if (wg && ws) return launch_prefill<T, kDQK, kDVO, kMT, kMode, PrefillVO::kWhole, true, true>(p, grid_x, stream);
+  }
   if (wg) return launch_prefill<T, kDQK, kDVO, kMT, kMode, PrefillVO::kWhole, true>(p, grid_x, stream);
 #endif
-  (void)wg;
+  (void)wg, (void)ws;
   return launch_prefill<T, kDQK, kDVO, kMT, kMode>(p, grid_x, stream);
 }
+// ws: single prefill's choice of the warp-specialized kernel (prefill_single_ws).
 template <typename T, PrefillMode kMode>
 cudaError_t dispatch_prefill(const PrefillParams<T>& p, int m_tiles, int64_t grid_x, const DeviceInfo& info,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool ws = false) {
   const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
   const bool two = m_tiles == 2 && prefill_max_m_tiles(dqk, dvo) == 2;
   const bool wg = prefill_wgmma_usable(info);
   if (dqk == 64 && dvo == 64)
-    return two ? launch_prefill_whole<T, 64, 64, 2, kMode>(p, grid_x, wg, stream)
-               : launch_prefill_whole<T, 64, 64, 1, kMode>(p, grid_x, wg, stream);
+    return two ? launch_prefill_whole<T, 64, 64, 2, kMode>(p, grid_x, wg, false, stream)
+               : launch_prefill_whole<T, 64, 64, 1, kMode>(p, grid_x, wg, false, stream);
   if (dqk == 128 && dvo == 128)
-    return two ? launch_prefill_whole<T, 128, 128, 2, kMode>(p, grid_x, wg, stream)
-               : launch_prefill_whole<T, 128, 128, 1, kMode>(p, grid_x, wg, stream);
-  if (dqk == 256 && dvo == 256) return launch_prefill_whole<T, 256, 256, 1, kMode>(p, grid_x, wg, stream);
-  if (dqk == 192 && dvo == 128) return launch_prefill_whole<T, 192, 128, 1, kMode>(p, grid_x, wg, stream);
+    return two ? launch_prefill_whole<T, 128, 128, 2, kMode>(p, grid_x, wg, ws, stream)
+               : launch_prefill_whole<T, 128, 128, 1, kMode>(p, grid_x, wg, false, stream);
+  if (dqk == 256 && dvo == 256) return launch_prefill_whole<T, 256, 256, 1, kMode>(p, grid_x, wg, false, stream);
+  if (dqk == 192 && dvo == 128) return launch_prefill_whole<T, 192, 128, 1, kMode>(p, grid_x, wg, false, stream);
   if (dqk == 512 && dvo == 512) return launch_prefill<T, 512, kPrefillVoPart, 1, kMode, PrefillVO::kParts>(p, grid_x, stream);
   return cudaErrorInvalidValue;
 }
@@ -1178,7 +1181,9 @@ cudaError_t SinglePrefill(const PrefillParams<T>& p, cudaStream_t stream) {
   FLASHINFER_CUDA_TRY(current_device_info(&info));
   const int mt = prefill_m_tiles(p.qo_len, p.num_qo_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_vo, info.num_sms);
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
-  return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, info, stream);
+  const bool ws = prefill_single_ws(p.head_dim_qk, p.head_dim_vo, mt, p.causal, p.mask != nullptr,
+                                    g.row_tiles * g.kv_heads, info.num_sms);
+  return detail::dispatch_prefill<T, PrefillMode::kSingle>(p, mt, g.row_tiles, info, stream, ws);
 }
 
 // The merge of a split launch's partial states: p.o [total_q, num_chunks, num_heads, head_dim_vo]

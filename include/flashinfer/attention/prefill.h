@@ -52,6 +52,19 @@ FLASHINFER_HOST_DEVICE int prefill_m_tiles(int64_t qo_len, int num_qo_heads, int
   return ctas >= int64_t{2} * num_sms ? 2 : 1;
 }
 
+// Whether single prefill runs on the warp-specialized kernel (prefill.cuh, FLASHINFER_PREFILL_WS):
+// two M tiles at head_dim 128, causal without a custom mask, and a grid of at most
+// kPrefillWsMaxCtasPerSm CTAs per SM. H200, bf16, 32 / 8 heads, us (benchmarks/NOTES.md, session
+// 23), plain / warp-specialized: causal 2048 142 / 128, 4096 398 / 353 (1024 CTAs); 16384 (4096
+// CTAs) 4822 / 4760 in one run but 5074 in another; non-causal 4096 620 / 627; batches slower
+// (8 x 2048 ragged 789 / 866): one CTA per SM, whose prologue no other CTA hides.
+constexpr int kPrefillWsMaxCtasPerSm = 8;
+FLASHINFER_HOST_DEVICE constexpr bool prefill_single_ws(int head_dim_qk, int head_dim_vo, int m_tiles, bool causal,
+                                                        bool has_mask, int64_t ctas, int num_sms) {
+  return m_tiles == 2 && head_dim_qk == 128 && head_dim_vo == 128 && causal && !has_mask &&
+         ctas <= int64_t{kPrefillWsMaxCtasPerSm} * num_sms;
+}
+
 // Where a prefill kernel's rows and keys come from: one request, or a batch of work items
 // (request, row tile) with ragged or paged keys.
 enum class PrefillMode { kSingle, kRagged, kPaged };

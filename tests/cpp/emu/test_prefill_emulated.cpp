@@ -393,15 +393,19 @@ void run_case(const Case& c, uint64_t seed) {
   // grid size, prefill_m_tiles: the emulator's small grids would always take one)
   static int turn = 0;
   const int mt = prefill_max_m_tiles(p.head_dim_qk, p.head_dim_vo) == 2 && (turn++ & 1) ? 2 : 1;
+  // wgmma, two M tiles at head_dim 128: the warp-specialized kernel and the plain one, alternating
+  // (SinglePrefill picks by prefill_single_ws)
+  static int ws_turn = 0;
+  const bool ws = g_wg && mt == 2 && p.head_dim_qk == 128 && p.head_dim_vo == 128 && (ws_turn++ & 1);
   const PrefillGrid g = prefill_grid(p.qo_len, p.num_qo_heads, p.num_kv_heads, mt);
   const size_t smem = static_cast<size_t>(prefill_kernel_smem_bytes(
       p.head_dim_qk, p.head_dim_vo, mt, prefill_vo_parts(p.head_dim_vo) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg,
-      PrefillMode::kSingle));
+      ws));
   const dim3 grid(static_cast<unsigned>(g.row_tiles), static_cast<unsigned>(g.kv_heads),
                   static_cast<unsigned>(prefill_vo_parts(p.head_dim_vo)));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
-  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg), grid,
-            prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, PrefillMode::kSingle, p.head_dim_qk), smem, p);
+  launch_2d(prefill_kernel<T>(p.head_dim_qk, p.head_dim_vo, mt, g_wg, ws), grid,
+            prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, ws), smem, p);
 
   Result r;
   double max_v = 0;
@@ -623,8 +627,7 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
   const dim3 grid(static_cast<unsigned>(p.num_items), static_cast<unsigned>(KH),
                   static_cast<unsigned>(prefill_vo_parts(DV)));
   const size_t smem = static_cast<size_t>(
-      prefill_kernel_smem_bytes(DQ, DV, mt, prefill_vo_parts(DV) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg,
-                                paged ? PrefillMode::kPaged : PrefillMode::kRagged));
+      prefill_kernel_smem_bytes(DQ, DV, mt, prefill_vo_parts(DV) > 1 ? PrefillVO::kParts : PrefillVO::kWhole, g_wg));
   const int64_t copies0 = emu_cp::copies, mmas0 = emu_mma::ops;
   if (p.num_items > 0 && H > 0) {
     // each CTA writes only its own rows
@@ -664,10 +667,10 @@ void run_batch(const BatchCase& c, int mt, uint64_t seed, int chunks = 1) {
     };
     if (paged)
       launch_2d(prefill_kernel<T, PrefillMode::kPaged>(DQ, DV, mt, g_wg), grid,
-                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, PrefillMode::kPaged, DQ), smem, p);
+                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
     else
       launch_2d(prefill_kernel<T, PrefillMode::kRagged>(DQ, DV, mt, g_wg), grid,
-                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt, PrefillMode::kRagged, DQ), smem, p);
+                prefill_kernel_threads(PrefillVO::kWhole, g_wg, mt), smem, p);
     after_cta = nullptr;
   }
   if (C > 1) merge_chunks(qo_indptr[B], C, H, DV, o_part, lse_part, o, o_sn, lse, a.lse);

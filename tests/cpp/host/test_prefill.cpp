@@ -139,6 +139,14 @@ void test_grid_and_smem() {
   // MLA: 128-column parts while they fit one wave of CTAs, 256 beyond (mla.h)
   CHECK(mla_vo_cols(1, 132) == 128 && mla_vo_cols(66, 132) == 128 && mla_vo_cols(67, 132) == 256);
   CHECK(prefill_threads(PrefillVO::kMla) == 2 * kPrefillThreads && prefill_threads(PrefillVO::kParts) == kPrefillThreads);
+  // the warp-specialized single-prefill kernel: two M tiles at head_dim 128, causal, no mask, at
+  // most kPrefillWsMaxCtasPerSm CTAs per SM
+  CHECK(prefill_single_ws(128, 128, 2, true, false, 1024, 132));
+  CHECK(prefill_single_ws(128, 128, 2, true, false, int64_t{kPrefillWsMaxCtasPerSm} * 132, 132));
+  CHECK(!prefill_single_ws(128, 128, 2, true, false, int64_t{kPrefillWsMaxCtasPerSm} * 132 + 1, 132));
+  CHECK(!prefill_single_ws(128, 128, 1, true, false, 64, 132) && !prefill_single_ws(64, 64, 2, true, false, 64, 132));
+  CHECK(!prefill_single_ws(128, 128, 2, false, false, 64, 132) && !prefill_single_ws(128, 128, 2, true, true, 64, 132));
+  CHECK(!prefill_single_ws(192, 128, 2, true, false, 64, 132));
   CHECK(prefill_m_tiles(4096, 32, 8, 128, 128, 132) == 2);   // 1024 CTAs
   CHECK(prefill_m_tiles(1024, 32, 8, 128, 128, 132) == 1);   // 256 < 264
   CHECK(prefill_m_tiles(1056, 32, 8, 128, 128, 132) == 2);   // 33 x 8 = 264
