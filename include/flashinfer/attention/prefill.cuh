@@ -7,7 +7,8 @@
 // ldmatrix.trans). On sm_90a (kWg, wgmma.cuh) the four warps act as one warpgroup and both
 // products are warpgroup MMAs over 128-byte-swizzled tiles (S from shared memory, P from
 // registers, or for MLA from shared memory); masking, softmax, the paged tables and the
-// epilogue are shared.
+// epilogue are shared. A warp-specialized variant of the two-M-tile wgmma kernel (kWs, below
+// FLASHINFER_PREFILL_WS) splits the CTA into a copying warpgroup and two computing ones.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -122,7 +123,8 @@ FLASHINFER_HOST_DEVICE constexpr int prefill_k_bufs(bool wg, int m_tiles, Prefil
   return prefill_wg_overlap(wg, m_tiles, vo, head_dim_qk) == 2 ? 3 : 2;
 }
 // A kernel's dynamic shared memory: prefill_smem_bytes' tiles, and for a wgmma kernel 1024 bytes
-// of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer.
+// of alignment slack (MLA's CTA has no room for it: see PrefillKernel) and its extra K buffer;
+// a warp-specialized one's: Q, kPrefillWsStages K and V tiles of kPrefillWsKeys keys, the slack.
 FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_qk, int head_dim_vo, int m_tiles,
                                                                    PrefillVO vo, bool wg, bool ws = false) {
   if (prefill_ws(wg, m_tiles, vo, ws))
