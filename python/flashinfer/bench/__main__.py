@@ -11,7 +11,7 @@ import time
 from typing import List, Optional
 
 from .routines import DEFAULT_SUITE, ROUTINES, add_case_args
-from .timing import COPY_CEILING_GBPS, MATMUL_CEILING_TFLOPS, Timer
+from .timing import Timer, ceiling_fraction
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         ref = None if args.no_ref or case.ref is None else timer.gpu_us(case.ref, reps=args.reps)
         tbs = case.bytes / (g.median * 1e-6) / 1e12 if case.bytes else None
         tflops = case.flops / (g.median * 1e-6) / 1e12 if case.flops else None
-        frac = (tbs * 1e3 / COPY_CEILING_GBPS) if tbs else (tflops / MATMUL_CEILING_TFLOPS if tflops else None)
+        frac = ceiling_fraction(tbs, tflops)
         row = {
             "routine": case.routine, "shape": case.shape, "dtype": case.dtype,
             "gpu_us": round(g.median, 2), "gpu_us_p10": round(g.p10, 2), "gpu_us_p90": round(g.p90, 2),

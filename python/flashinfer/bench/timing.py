@@ -19,6 +19,17 @@ COPY_CEILING_GBPS = 4273.0  # H200 device-to-device copy, bytes read + written
 MATMUL_CEILING_TFLOPS = 775.0  # H200 bf16 GEMM 8192^3
 
 
+def ceiling_fraction(tb_per_s, tflop_per_s):
+    """The fraction of the ceiling that binds: the larger of bandwidth / copy ceiling and
+    TFLOP/s / matmul ceiling, over the figures a case has (None: neither)."""
+    fracs = []
+    if tb_per_s:
+        fracs.append(tb_per_s * 1e3 / COPY_CEILING_GBPS)
+    if tflop_per_s:
+        fracs.append(tflop_per_s / MATMUL_CEILING_TFLOPS)
+    return max(fracs) if fracs else None
+
+
 @dataclass
 class Stats:
     median: float
