@@ -31,7 +31,10 @@
 // given a spare page, last_page_len <= 0, that must never be read).
 // wgmma kernels (sm_90a's path for whole-column head dims; wgmma_emulated.h runs each product at
 // the wait that retires it): every feature case at every head-dim pair and every batch case,
-// both schedules, ~10 s. The overlapped loop: EMU_FLAGS=-DFLASHINFER_PREFILL_WG_OVERLAP=1.
+// three schedules, ~15 s. The overlapped loop: EMU_FLAGS=-DFLASHINFER_PREFILL_WG_OVERLAP=1.
+// Single prefill's warp-specialized kernel (head_dim 128, two M tiles; barrier_emulated.h's
+// mbarriers and named barriers) alternates with the plain one; its modes 2 / 3:
+// EMU_FLAGS=-DFLASHINFER_PREFILL_WS=3.
 // Run: ctest -L emu, or tests/cpp/emu/run_emulated.sh prefill.
 #include "cuda_emulator.h"
 // (the emulator first)
