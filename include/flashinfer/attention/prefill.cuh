@@ -134,6 +134,12 @@ FLASHINFER_HOST_DEVICE constexpr int64_t prefill_kernel_smem_bytes(int head_dim_
          (wg && vo != PrefillVO::kMla ? 1024 : 0) +
          int64_t{prefill_k_bufs(wg, m_tiles, vo, head_dim_qk) - 2} * kPrefillKeys * head_dim_qk * 2;
 }
+// (the warp-specialized CTAs built, with their static paged table of 4 x kPrefillWsKeys x 16
+// bytes, fit the 227 KB a CTA may have: FLASHINFER_PREFILL_WS_STAGES / _KEYS must keep them so)
+static_assert(FLASHINFER_PREFILL_WS == 0 ||
+                  prefill_kernel_smem_bytes(128, 128, 2, PrefillVO::kWhole, true, true) + 4 * kPrefillWsKeys * 16 + 256 <=
+                      227 * 1024,
+              "warp-specialized prefill: shared memory over 227 KB");
 
 namespace detail {
 
