@@ -657,6 +657,23 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kWsReq))
       pa[kk][3] = mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   };
+  // One M tile's products, each issued and committed as one group: S = Q K^T into s (zeroed
+  // first; M tile mt, the K tile at ks) and O += P V (P's fragments a, the V tile at vs).
+  [[maybe_unused]] auto issue_s_group = [&](auto& s, int mt, const char* ks) {
+    FLASHINFER_UNROLL
+    for (int n = 0; n < kSNT; ++n) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
+    wgmma::fence_operands<kSNT * 4>(&s[0][0][0]);
+    wgmma::fence();
+    wg_qk(&s[0][0][0], mt, ks);
+    wgmma::commit();
+  };
+  [[maybe_unused]] auto issue_pv_group = [&](auto& a, const char* vs) {
+    wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
+    wgmma::fence_operands<kKeys / 4>(&a[0][0]);
+    wgmma::fence();
+    wg_pv(&o[0][0][0], a, vs);
+    wgmma::commit();
+  };
 
   // One key tile: kMasked (a BoolTag) compiles the per-key masking path in; tiles that every
   // row sees whole (prefill_plain_tiles) run without it, so the main loop needs fewer registers.
@@ -860,21 +877,8 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kWsReq))
     float sc[1][kSNT][4];
     uint32_t pa[kKeys / 16][4];
     float alpha[1][2];
-    auto issue_s = [&](int64_t it) {
-      FLASHINFER_UNROLL
-      for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
-      wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
-      wgmma::fence();
-      wg_qk(&sc[0][0][0], cw, sK + (it % kS) * kKeys * kRowQK);
-      wgmma::commit();
-    };
-    auto issue_pv = [&](int64_t it) {
-      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-      wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
-      wgmma::fence();
-      wg_pv(&o[0][0][0], pa, sV + (it % kS) * kKeys * kRowVO);
-      wgmma::commit();
-    };
+    auto issue_s = [&](int64_t it) { issue_s_group(sc, cw, sK + (it % kS) * kKeys * kRowQK); };
+    auto issue_pv = [&](int64_t it) { issue_pv_group(pa, sV + (it % kS) * kKeys * kRowVO); };
     if constexpr (FLASHINFER_PREFILL_WS >= 2) {
       // S of tile it + 1 and P V of tile it are issued together (with FLASHINFER_PREFILL_WS 3 in
       // this consumer's turn: it waits at barrier 4 + cw, which the other consumer's arrival
@@ -956,14 +960,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kWsReq))
     float sc[kTM][kSNT][4];
     uint32_t pa[kKeys / 16][4];
     float alpha[kTM][2];
-    auto issue_s = [&](int buf) {  // S = Q K(buf), committed as one group
-      FLASHINFER_UNROLL
-      for (int n = 0; n < kSNT; ++n) sc[0][n][0] = sc[0][n][1] = sc[0][n][2] = sc[0][n][3] = 0.f;
-      wgmma::fence_operands<kSNT * 4>(&sc[0][0][0]);
-      wgmma::fence();
-      wg_qk(&sc[0][0][0], 0, sK + buf * kKeys * kRowQK);
-      wgmma::commit();
-    };
+    auto issue_s = [&](int buf) { issue_s_group(sc, 0, sK + buf * kKeys * kRowQK); };  // S = Q K(buf)
     if (n_tiles > 0) {
       cp_async::wait(kKBufs - 1);  // Q, K 0
       wgmma::fence_proxy_async();
@@ -976,13 +973,7 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kWsReq))
     }
     // (every iteration but the last issues S: ptxas serializes the products when the groups
     // in flight differ between paths; the last tile's P V runs after the loop)
-    auto issue_pv = [&](int64_t it) {
-      wgmma::fence_operands<kDVO / 2>(&o[0][0][0]);
-      wgmma::fence_operands<kKeys / 4>(&pa[0][0]);
-      wgmma::fence();
-      wg_pv(&o[0][0][0], pa, sV + (it & 1) * kKeys * kRowVO);
-      wgmma::commit();
-    };
+    auto issue_pv = [&](int64_t it) { issue_pv_group(pa, sV + (it & 1) * kKeys * kRowVO); };
     auto wait_loads = [&]() {  // (three K buffers: the newest group, K(it + 2), may stay in flight)
       cp_async::wait(kKBufs - 2);
       wgmma::fence_proxy_async();

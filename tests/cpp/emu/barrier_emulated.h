@@ -107,12 +107,7 @@ inline void copy(void*, const void*, uint32_t, uint64_t*) { std::abort(); }
 namespace cp_async {
 // (cp_async_emulated.h's copies: this thread's land now, then the arrival)
 inline void arrive_noinc(uint64_t* bar) {
-  auto& groups = emu_cp::groups[threadIdx.x];
-  for (const auto& g : groups)
-    for (const auto& c : g) std::memcpy(c.dst, c.data, size_t(c.bytes));
-  for (const auto& c : emu_cp::open[threadIdx.x]) std::memcpy(c.dst, c.data, size_t(c.bytes));
-  for (auto& g : groups) g.clear();
-  emu_cp::open[threadIdx.x].clear();
+  emu_cp::land(threadIdx.x);
   bulk::arrive(bar);
 }
 }  // namespace cp_async

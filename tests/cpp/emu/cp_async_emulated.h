@@ -23,6 +23,14 @@ struct Copy {
 inline std::vector<std::vector<std::vector<Copy>>> groups(1024);  // [thread][group][copy]
 inline std::vector<std::vector<Copy>> open(1024);                 // [thread][copy], not committed
 inline int64_t copies = 0;
+// Thread t's copies in flight (committed or not) land now.
+inline void land(unsigned t) {
+  for (auto& grp : groups[t])
+    for (const auto& c : grp) std::memcpy(c.dst, c.data, size_t(c.bytes));
+  for (const auto& c : open[t]) std::memcpy(c.dst, c.data, size_t(c.bytes));
+  for (auto& grp : groups[t]) grp.clear();  // (empty groups: wait() retires them)
+  open[t].clear();
+}
 }  // namespace emu_cp
 
 namespace flashinfer {

@@ -103,14 +103,6 @@ bool g_wg = false;
 // that a CTA writes only its own rows).
 std::function<void(unsigned, unsigned)> after_cta;
 
-inline void land_copies(unsigned t) {  // thread t's copies in flight complete now
-  for (auto& grp : emu_cp::groups[t])
-    for (const auto& c : grp) std::memcpy(c.dst, c.data, size_t(c.bytes));
-  for (const auto& c : emu_cp::open[t]) std::memcpy(c.dst, c.data, size_t(c.bytes));
-  for (auto& grp : emu_cp::groups[t]) grp.clear();  // (empty groups: wait() retires them)
-  emu_cp::open[t].clear();
-}
-
 // emu::launch over a grid (x: row tiles, y: KV heads, z: V / O column parts) under `schedule`,
 // with the prefill kernel's dynamic shared memory filled with 0xff (NaN in f16 / bf16) before
 // each CTA.
@@ -136,7 +128,7 @@ void launch_2d(void (*kernel)(KArgs...), dim3 grid, unsigned threads, size_t sme
           threadIdx = uint3{t, 0, 0};
           emu::resume(int(t));
           ran = true;
-          if (eager) land_copies(t);
+          if (eager) emu_cp::land(t);
         }
         return ran;
       };
