@@ -22,6 +22,14 @@ FLASHINFER_DEVICE void pdl_launch_dependents() {
 #endif
 }
 
+// Asks for the line holding p in L1 ahead of a load (a no-op off the GPU, e.g. under the CPU
+// emulator).
+FLASHINFER_DEVICE void prefetch_l1(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#endif
+}
+
 namespace warp {
 
 // All 32 lanes must call; every lane receives the sum.

@@ -30,8 +30,6 @@ FLASHINFER_DEVICE void load_weight_f32(const WT* p, float* f) {
   }
 }
 
-FLASHINFER_DEVICE void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 // Hides a 16-byte vector's value from the optimizer: what is computed from it before this
 // point cannot be reused after it, so the packed 16-bit registers stay live across a
 // reduction instead of their fp32 conversions (twice the registers).
@@ -395,8 +393,8 @@ __global__ void NormPipelinedKernel(const NormParams<T, WT> p, const int stages)
   for (int i = 0; i < kVecs; ++i) {  // weights are re-read for every row: bring them to L1
     const int64_t j = int64_t{i} * nt + t;
     if (j < nvec) {
-      detail::prefetch_l1(p.weight + j * kE);
-      if constexpr (kKind == NormKind::kLayer) detail::prefetch_l1(p.bias + j * kE);
+      prefetch_l1(p.weight + j * kE);
+      if constexpr (kKind == NormKind::kLayer) prefetch_l1(p.bias + j * kE);
     }
   }
   const int64_t first = blockIdx.x, step = gridDim.x;

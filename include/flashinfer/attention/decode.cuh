@@ -92,31 +92,46 @@ FLASHINFER_DEVICE int64_t num_items(const DecodeParams<T>& p) {
   return p.num_items_host > 0 ? p.num_items_host : int64_t{*p.num_items};
 }
 
-// kMaxGroup: the kernel's sub-group size, decode_max_group(head_dim).
+// Item i's descriptor as the plan wrote it (implicit items: none). A kernel that loads it
+// ahead of its use (resolve_item later) hides the load behind other work.
+template <typename T>
+FLASHINFER_DEVICE DecodeWorkItem fetch_item(const DecodeParams<T>& p, int64_t i) {
+  DecodeWorkItem w{};
+  if (p.items) w = p.items[i];
+  return w;
+}
+
+// kMaxGroup: the kernel's sub-group size, decode_max_group(head_dim); w: item i's descriptor
+// (read only when the plan has items: p.items + i, or fetch_item's copy).
 template <int kMaxGroup, typename T>
-FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
+FLASHINFER_DEVICE Item resolve_item(const DecodeParams<T>& p, int64_t i, const DecodeWorkItem* wp) {
   Item it;
   if (p.items) {
-    const DecodeWorkItem w = p.items[i];
+    const DecodeWorkItem w = *wp;
     it.request = w.request, it.unit = w.unit, it.lo = w.kv_begin, it.hi = w.kv_end, it.slot = w.slot;
     it.kv_len = w.kv_len;
     it.page_begin = w.page_begin;
-  } else {
-    const int64_t units = int64_t{p.num_kv_heads} * p.sub_groups;
-    const int64_t chunk = i / units;
+  } else {  // (item, unit and chunk counts fit int32: 32-bit divisions)
+    const int32_t units = p.num_kv_heads * p.sub_groups, i32 = static_cast<int32_t>(i);
+    const int32_t chunk = i32 / units;
     it.kv_len = p.kv_len(0);
     it.page_begin = p.contiguous_len < 0 ? p.kv.indptr[0] : 0;
-    it.request = 0, it.unit = i % units, it.slot = p.implicit_chunks > 1 ? chunk : -1;
-    it.lo = min(it.kv_len, chunk * p.implicit_chunk);
-    it.hi = min(it.kv_len, (chunk + 1) * p.implicit_chunk);
+    it.request = 0, it.unit = i32 - chunk * units, it.slot = p.implicit_chunks > 1 ? chunk : -1;
+    it.lo = min(it.kv_len, int64_t{chunk} * p.implicit_chunk);
+    it.hi = min(it.kv_len, int64_t{chunk + 1} * p.implicit_chunk);
   }
-  const int sub = static_cast<int>(it.unit % p.sub_groups);
-  it.kv_head = static_cast<int>(it.unit / p.sub_groups);
+  const int32_t unit32 = static_cast<int32_t>(it.unit);
+  it.kv_head = unit32 / p.sub_groups;
+  const int sub = unit32 - it.kv_head * p.sub_groups;
   it.qh0 = it.kv_head * p.group_size + sub * kMaxGroup;
   it.ng = min(kMaxGroup, p.group_size - sub * kMaxGroup);
   // keys left of the window of every query (the first token's, with q_len tokens per request)
   if (p.window_left >= 0) it.lo = max(it.lo, it.kv_len - (p.q_len > 1 ? p.q_len : 1) - p.window_left);
   return it;
+}
+template <int kMaxGroup, typename T>
+FLASHINFER_DEVICE Item get_item(const DecodeParams<T>& p, int64_t i) {
+  return resolve_item<kMaxGroup>(p, i, p.items + i);
 }
 
 // Merges the n partial states of one q-head row, kV consecutive dims from d0, into o[kV]

@@ -250,10 +250,10 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, i
             const int depth = stages > 0 ? stages : kDecodeTCStages;
             if (copy == TcCopy::kBoxes)
               return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes, TKV>>(
-                  decode_tc_stage_bytes(kHeadDim, TcCopy::kBoxes, 1), decode_tc_merge_smem(kHeadDim), l, depth,
+                  decode_tc_stage_bytes(kHeadDim, TcCopy::kBoxes, 1), 0, l, depth,
                   kTcBoxAlign);
             return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync, TKV>>(
-                decode_tc_stage_bytes(kHeadDim, TcCopy::kCpAsync, 1), decode_tc_merge_smem(kHeadDim), l, depth);
+                decode_tc_stage_bytes(kHeadDim, TcCopy::kCpAsync, 1), 0, l, depth);
           }
           return cudaErrorInvalidValue;
         });
@@ -268,7 +268,7 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, i
       // 19.4 / 17.8). Not everywhere: where the 3-CTA plan splits requests no more (24 x 4096,
       // 48 x 2048) two stages x 3 CTAs are 13-16% faster, so batch decode plans for both and
       // picks (scheduler.h decode_prefers_wide; the plan's depth arrives as `stages`).
-      const int64_t merge = decode_tc_merge_smem(kHeadDim);
+      constexpr int64_t merge = 0;  // (the epilogue's scratch is a stage: decode_tc.cuh)
       switch (copy) {
         case TcCopy::kBoxes:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes>>(

@@ -2,7 +2,12 @@
 // kernel, but each warp computes scores for all q heads of its group at once with m16n8k16
 // MMAs in the transposed form S^T = K q^T (16 keys as M, 8 heads as N: no padded rows),
 // keeps an online softmax per head in registers, and accumulates O^T += V^T P^T. K/V tiles of kTcTile keys stream
-// into shared memory read with ldmatrix, by one of three copy engines (kCopy):
+// into shared memory read with ldmatrix. The copies run stages - 1 tiles ahead of the math through
+// all of a CTA's work items, across item boundaries: the next item's first tiles (and its
+// descriptor and q rows, asked into L1) are in flight while an item's last tiles and its epilogue
+// run, so a CTA does not wait on an empty pipeline between items (H200, bf16: 256 x 1024 2%,
+// 64 x 2048 1% faster; the epilogue's O scratch is the stage consumed last). One of three copy
+// engines (kCopy) moves the tiles:
 //  - cp.async: every thread moves 16-byte chunks into XOR-swizzled rows (any sm_80+ GPU);
 //  - rows (sm_90+, the TMA engine): every thread moves one whole key row (K or V) with one
 //    cp.async.bulk per tile, an mbarrier per stage counts the bytes in; rows are padded by 16
@@ -72,9 +77,6 @@ struct DecodeTensorMaps {
   int entry_dim;
   int l2_evict_first;  // nonzero: the boxes' lines are L2 evict-first (see decode_tc_l2_evict_first)
 };
-FLASHINFER_HOST_DEVICE constexpr int64_t decode_tc_merge_smem(int head_dim) {
-  return int64_t{kTcWarps} * kDecodeMaxGroup * (head_dim + 2) * 4;
-}
 
 namespace detail {
 
@@ -99,7 +101,7 @@ FLASHINFER_DEVICE uint32_t fp8x2_to_f16x2(uint32_t v) {
 // held to 128 too.
 // TKV: the cache element, T, or fp8 with kCopy kCpAsync or kBoxes at decode_tc_takes_fp8 head_dims.
 template <typename T, int kHeadDim, TcCopy kCopy, typename TKV = T>
-__global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || sizeof(TKV) == 1 ? 4 : 0)
+__global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || sizeof(TKV) == 1 || kHeadDim <= 64 ? 4 : 0)
     DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
   constexpr bool kFp8 = sizeof(TKV) == 1;
   using TM = std::conditional_t<kFp8, __half, T>;  // the MMAs' operand type (see the top)
@@ -161,13 +163,206 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
   }
 
   pdl_wait();
-  const int64_t n_items = detail::num_items(p);
-  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const detail::Item it = detail::get_item<decode_max_group(kHeadDim)>(p, item);
-    const int64_t b = it.request, lo = it.lo, hi = it.hi;
-    const int kv_head = it.kv_head, qh0 = it.qh0, ng = it.ng;
-    const int64_t num_tiles = hi > lo ? ceil_div<int64_t>(hi - lo, kTcTile) : 0;
+  const int32_t n_items = static_cast<int32_t>(detail::num_items(p));  // (plans hold int32 counts)
+  const int32_t stride = gridDim.x;
+  const bool paged = p.contiguous_len < 0;
+  const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
+  // Boxes: warp w moves keys [w * box_e, +box_e) of each tile, one page (or a 64-key part of one).
+  const int box_e = paged && page_size < kTcTile ? page_size : kTcTile;
+  const int box_pages = kBoxes ? kTcTile / box_e : 0;
+  const uint32_t reach = detail::key_reach(p.window_left);
+  constexpr int kChunkElems = 16 / static_cast<int>(sizeof(TKV));
+  constexpr int kG = decode_max_group(kHeadDim);
+  auto fetch = [&](int32_t i) { return i < n_items ? detail::fetch_item(p, i) : DecodeWorkItem{}; };
 
+  // The copies run ahead of the math through the tiles of all of this CTA's items (items i,
+  // i + grid, ...), stages - 1 tiles ahead, across item boundaries: the next item's first tiles
+  // are in flight while this item's last tiles and its epilogue run, and a CTA never waits on an
+  // empty pipeline between items. `src` is the item whose tile from key src.k has its page ids
+  // loaded next; `pend` is the tile loaded last, issued next.
+  struct Src {
+    int32_t item;  // >= n_items: no tiles left
+    int32_t k, hi;  // the next tile's first key; the item's end
+    int kv_head;
+    const int32_t* page_ids;
+    PageCursor bcur;  // rows engine: this thread's key row (no division per tile); rows past
+    int32_t bkey, last_page, last_entry;  // the end copy the last key's row (probability 0)
+  };
+  struct Tile {
+    int32_t k, hi;  // k >= hi: nothing to issue
+    int kv_head;
+  };
+  auto make_src = [&](int32_t i, const detail::Item& it) {
+    const int32_t lo32 = static_cast<int32_t>(it.lo), hi32 = static_cast<int32_t>(it.hi);
+    Src s{i, lo32, hi32, it.kv_head, paged ? p.kv.indices + it.page_begin : nullptr, PageCursor(paged ? lo32 + brow : 0, page_size, kTcTile),
+          lo32 + brow, 0, hi32 - 1};
+    if (kCopy == TcCopy::kRows && paged && hi32 > lo32) {
+      const int32_t last_slot = (hi32 - 1) / page_size;
+      s.last_page = __ldg(s.page_ids + last_slot);
+      s.last_entry = hi32 - 1 - last_slot * page_size;
+    }
+    return s;
+  };
+  // (each item's descriptor is asked into L1 an item ahead: it is loaded when src reaches the
+  // item, and again when the math does)
+  auto prefetch_item = [&](int32_t i) {
+    if (p.items && i < n_items) prefetch_l1(p.items + i);
+  };
+  // q rows of an item the math reaches later, asked into L1 when src reaches it
+  auto prefetch_q = [&](const detail::Item& it) {
+    constexpr int kLines = kHeadDim * static_cast<int>(sizeof(T)) / 128;  // 128-byte lines per q row
+    if (static_cast<int>(threadIdx.x) < it.ng * kLines) {
+      const int h = threadIdx.x / kLines, l = threadIdx.x % kLines;
+      const DecodeQuery qr = decode_query(it.qh0 + h, p.num_qo_heads, p.group_size, p.q_len, 0);
+      prefetch_l1(p.q + decode_row_offset(qr, it.request, p.q_len, p.q_stride_n, p.q_stride_h) + l * (128 / sizeof(T)));
+    }
+  };
+  Src src = [&] {
+    const int32_t first = blockIdx.x;
+    const DecodeWorkItem w = fetch(first);
+    detail::Item it = detail::resolve_item<kG>(p, first, &w);
+    if (first >= n_items) it.lo = it.hi = 0;
+    return make_src(first, it);
+  }();
+  prefetch_item(blockIdx.x + stride);
+  auto next_src_item = [&]() {  // the next item with a tile
+    do {
+      const int32_t i = src.item + stride;
+      if (i >= n_items) {
+        src.item = n_items;
+        return;
+      }
+      const DecodeWorkItem w = fetch(i);
+      const detail::Item it = detail::resolve_item<kG>(p, i, &w);
+      src = make_src(i, it);
+      prefetch_q(it);
+      prefetch_item(i + stride);
+    } while (src.k >= src.hi);
+  };
+  if (src.item < n_items && src.k >= src.hi) next_src_item();
+  Tile pend;
+  // The page ids of src's next tile (pg), then src moves on.
+  auto load_next = [&](int32_t* pg) {
+    if (src.item >= n_items) {
+      pend.k = pend.hi = 0;
+      return;
+    }
+    pend.k = src.k, pend.hi = src.hi, pend.kv_head = src.kv_head;
+    if constexpr (kBoxes) {  // lane 0: page id and first entry of the warp's box
+      const int32_t k0 = src.k + warp * box_e;
+      if (lane == 0 && warp < box_pages && k0 < src.hi) {
+        const int32_t slot = paged ? k0 / page_size : 0;
+        pg[0] = paged ? __ldg(src.page_ids + slot) : 0;
+        pg[1] = k0 - slot * page_size;
+      }
+    } else if constexpr (kCopy == TcCopy::kRows) {
+      if (src.bkey < src.hi) {
+        pg[0] = paged ? __ldg(src.page_ids + src.bcur.slot) : 0;
+        pg[1] = paged ? src.bcur.entry : src.bkey;
+      } else {
+        pg[0] = src.last_page;
+        pg[1] = src.last_entry;
+      }
+      src.bkey += kTcTile;
+      src.bcur.advance();
+    } else if (paged) {
+      const int32_t t0 = src.k + row_base;
+      PageCursor cur(t0, page_size, kRowStep);
+      FLASHINFER_UNROLL
+      for (int i = 0; i < kIters; ++i) {
+        pg[i] = t0 + kRowStep * i < src.hi ? __ldg(src.page_ids + cur.slot) : 0;
+        cur.advance();
+      }
+    }
+    src.k += kTcTile;
+    if (src.k >= src.hi) next_src_item();
+  };
+  // Issues tile `pend` into stage s (cp.async: commits a group, empty or not).
+  auto issue = [&](int s, const int32_t* pg) {
+    if constexpr (kBoxes) {
+      const int32_t t_lo = pend.k;
+      if (t_lo >= pend.hi) return;
+      if (threadIdx.x == 0) {  // the bytes of the boxes that hold a key of the request
+        const int32_t boxes = min(box_pages, (pend.hi - t_lo + box_e - 1) / box_e);
+        bulk::arrive_expect_tx(&bars[s], static_cast<uint32_t>(boxes * box_e * kRowBytes * 2));
+      }
+      if (lane == 0 && warp < box_pages && t_lo + warp * box_e < pend.hi) {
+        char* kdst = smem + s * kStage + warp * box_e * 128;
+        const int c1 = maps.entry_dim == 1 ? pg[1] : pend.kv_head, c2 = maps.entry_dim == 1 ? pend.kv_head : pg[1];
+        if (maps.l2_evict_first) {
+          const uint64_t pol = tma::l2_evict_first_policy();
+          FLASHINFER_UNROLL
+          for (int h = 0; h < kBoxRows; ++h) {
+            tma::copy_4d_hint(kdst + h * (kTcTile * 128), &maps.k, h * kBoxDims, c1, c2, pg[0], &bars[s], pol);
+            tma::copy_4d_hint(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * kBoxDims, c1, c2, pg[0], &bars[s],
+                              pol);
+          }
+        } else {
+          FLASHINFER_UNROLL
+          for (int h = 0; h < kBoxRows; ++h) {
+            tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * kBoxDims, c1, c2, pg[0], &bars[s]);
+            tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * kBoxDims, c1, c2, pg[0], &bars[s]);
+          }
+        }
+      }
+    } else if constexpr (kCopy == TcCopy::kRows) {
+      if (pend.k >= pend.hi) return;
+      const int64_t page = pg[0], entry = pg[1];
+      const T* src_row = bv ? p.kv.v_data + int64_t{pend.kv_head} * p.v_stride_h + page * p.v_stride_page +
+                                  entry * p.v_stride_n
+                            : p.kv.k_data + int64_t{pend.kv_head} * p.kv.stride_h + page * p.kv.stride_page +
+                                  entry * p.kv.stride_n;
+      if (threadIdx.x == 0) bulk::arrive_expect_tx(&bars[s], 2 * kTcTile * kRowBytes);
+      bulk::copy(smem + s * kStage + (bv ? kStage / 2 : 0) + brow * kPitch, src_row, kRowBytes, &bars[s]);
+    } else {
+      if (pend.k < pend.hi) {
+        const TKV* kbase =
+            reinterpret_cast<const TKV*>(p.kv.k_data) + int64_t{pend.kv_head} * p.kv.stride_h + chunk * kChunkElems;
+        const TKV* vbase =
+            reinterpret_cast<const TKV*>(p.kv.v_data) + int64_t{pend.kv_head} * p.v_stride_h + chunk * kChunkElems;
+        char* ks_ = smem + s * kStage + sw0;
+        char* vs_ = ks_ + kStage / 2;
+        const int32_t t0 = pend.k + row_base;
+        PageCursor cur(t0, page_size, kRowStep);
+        FLASHINFER_UNROLL
+        for (int i = 0; i < kIters; ++i) {
+          const bool valid = t0 + kRowStep * i < pend.hi;
+          int64_t off_k = 0, off_v = 0;
+          if (valid) {
+            const int64_t page = paged ? int64_t{pg[i]} : 0;
+            const int64_t entry = paged ? int64_t{cur.entry} : t0 + kRowStep * i;
+            off_k = page * p.kv.stride_page + entry * p.kv.stride_n;
+            off_v = page * p.v_stride_page + entry * p.v_stride_n;
+          }
+          cur.advance();
+          const uint32_t so = static_cast<uint32_t>(kRowStep * i * kRowBytes);
+          cp_async::copy16_or_zero(ks_ + so, kbase + off_k, valid);
+          cp_async::copy16_or_zero(vs_ + so, vbase + off_v, valid);
+        }
+      }
+      cp_async::commit();
+    }
+  };
+
+  // The epilogue's scratch: O in the stage consumed last (free until the next issue), the
+  // running maxima and denominators in sP.
+  static_assert(int64_t{kTcWarps} * kDecodeMaxGroup * kHeadDim * 4 <= kStage, "O scratch fits a stage");
+  static_assert(2 * kTcWarps * kDecodeMaxGroup * 4 <= sizeof(sP), "m / d scratch fits sP");
+  float* const sm = reinterpret_cast<float*>(sP);
+  float* const sd = sm + kTcWarps * kDecodeMaxGroup;
+  int32_t pg[kIters > 2 ? kIters : 2];
+  for (int s = 0; s + 1 < stages; ++s) {
+    load_next(pg);
+    issue(s, pg);
+  }
+  load_next(pg);
+  int s_cur = 0;
+  for (int32_t item = blockIdx.x; item < n_items; item += stride) {
+    // (the item is read again for the epilogue, from L1: its fields stay out of the loop's registers)
+    const detail::Item it = detail::get_item<kG>(p, item);
+    const int64_t b = it.request, lo = it.lo, hi = it.hi;
+    const int qh0 = it.qh0, ng = it.ng;
+    const int32_t num_tiles = hi > lo ? static_cast<int32_t>(ceil_div<int64_t>(hi - lo, kTcTile)) : 0;
     // q as the MMA B operand (k = dims, n = heads): lane (grp, tig) holds head qh0 + grp.
     uint32_t qa[kKSteps][2];
     {
@@ -230,133 +425,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
       qpos[e] = static_cast<int32_t>(qr.pos);  // (padded columns are never written)
       slope[e] = alibi && h < ng ? detail::alibi_slope(qr.head, qr.num_heads) * detail::kLog2e : 0.f;
     }
-    const uint32_t reach = detail::key_reach(p.window_left);
-
-    // Copy mapping: thread (row_base, chunk) copies 16-byte chunk `chunk` of key rows
-    // row_base + kRowStep * i of each tile. Its swizzle term is the same for all its rows
-    // (kRowStep is a multiple of 8), and its page slots advance by a PageCursor: the address
-    // loop has no division. The page ids of the tile issued next are loaded one iteration
-    // ahead (pg), so their latency hides behind a tile of compute instead of stalling the
-    // cp.async issue.
-    constexpr int kChunkElems = 16 / static_cast<int>(sizeof(TKV));
-    const TKV* kbase = reinterpret_cast<const TKV*>(p.kv.k_data) + int64_t{kv_head} * p.kv.stride_h + chunk * kChunkElems;
-    const TKV* vbase = reinterpret_cast<const TKV*>(p.kv.v_data) + int64_t{kv_head} * p.v_stride_h + chunk * kChunkElems;
-    const bool paged = p.contiguous_len < 0;
-    const int32_t* page_ids = paged ? p.kv.indices + it.page_begin : nullptr;
-    const int page_size = static_cast<int>(paged ? p.kv.page_size : 1);
-    // Bulk: pg[0] / pg[1] = page id and in-page entry of this thread's row. Tiles are loaded
-    // in order, so the row's slot advances by a cursor (no division per tile); rows past the
-    // end copy the last key's row (finite data, probability 0).
     const int32_t lo32 = static_cast<int32_t>(lo), hi32 = static_cast<int32_t>(hi);
-    PageCursor bcur(paged ? lo32 + brow : 0, page_size, kTcTile);
-    int32_t bkey = lo32 + brow, last_page = 0, last_entry = hi32 - 1;
-    // Boxes: warp w moves keys [w * box_e, +box_e) of each tile, one page (or a 64-key part of one).
-    const int box_e = paged && page_size < kTcTile ? page_size : kTcTile;
-    const int box_pages = kBoxes ? kTcTile / box_e : 0;
-    if (kCopy == TcCopy::kRows && paged && hi > lo) {
-      const int32_t last_slot = (hi32 - 1) / page_size;
-      last_page = __ldg(page_ids + last_slot);
-      last_entry = hi32 - 1 - last_slot * page_size;
-    }
-    auto load_pages = [&](int64_t tile, int32_t* pg) {
-      if constexpr (kBoxes) {  // lane 0: page id and first entry of the warp's box
-        if (tile >= num_tiles) return;
-        const int32_t k0 = lo32 + static_cast<int32_t>(tile) * kTcTile + warp * box_e;
-        if (lane == 0 && warp < box_pages && k0 < hi32) {
-          const int32_t slot = paged ? k0 / page_size : 0;
-          pg[0] = paged ? __ldg(page_ids + slot) : 0;
-          pg[1] = k0 - slot * page_size;
-        }
-        return;
-      }
-      if constexpr (kCopy == TcCopy::kRows) {
-        if (tile >= num_tiles) return;
-        if (bkey < hi32) {
-          pg[0] = paged ? __ldg(page_ids + bcur.slot) : 0;
-          pg[1] = paged ? bcur.entry : bkey;
-        } else {
-          pg[0] = last_page;
-          pg[1] = last_entry;
-        }
-        bkey += kTcTile;
-        bcur.advance();
-        return;
-      }
-      if (!paged || tile >= num_tiles) return;
-      const int64_t t0 = lo + tile * kTcTile + row_base;
-      PageCursor cur(static_cast<int32_t>(t0), page_size, kRowStep);
-      FLASHINFER_UNROLL
-      for (int i = 0; i < kIters; ++i) {
-        pg[i] = t0 + kRowStep * i < hi ? __ldg(page_ids + cur.slot) : 0;
-        cur.advance();
-      }
-    };
-    auto issue = [&](int64_t tile, int s, const int32_t* pg) {
-      if constexpr (kBoxes) {
-        if (tile < num_tiles) {
-          const int32_t t_lo = lo32 + static_cast<int32_t>(tile) * kTcTile;
-          if (threadIdx.x == 0) {  // the bytes of the boxes that hold a key of the request
-            const int32_t boxes = min(box_pages, (hi32 - t_lo + box_e - 1) / box_e);
-            bulk::arrive_expect_tx(&bars[s], static_cast<uint32_t>(boxes * box_e * kRowBytes * 2));
-          }
-          if (lane == 0 && warp < box_pages && t_lo + warp * box_e < hi32) {
-            char* kdst = smem + s * kStage + warp * box_e * 128;
-            const int c1 = maps.entry_dim == 1 ? pg[1] : kv_head, c2 = maps.entry_dim == 1 ? kv_head : pg[1];
-            if (maps.l2_evict_first) {
-              const uint64_t pol = tma::l2_evict_first_policy();
-              FLASHINFER_UNROLL
-              for (int h = 0; h < kBoxRows; ++h) {
-                tma::copy_4d_hint(kdst + h * (kTcTile * 128), &maps.k, h * kBoxDims, c1, c2, pg[0], &bars[s], pol);
-                tma::copy_4d_hint(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * kBoxDims, c1, c2, pg[0],
-                                  &bars[s], pol);
-              }
-            } else {
-              FLASHINFER_UNROLL
-              for (int h = 0; h < kBoxRows; ++h) {
-                tma::copy_4d(kdst + h * (kTcTile * 128), &maps.k, h * kBoxDims, c1, c2, pg[0], &bars[s]);
-                tma::copy_4d(kdst + kStage / 2 + h * (kTcTile * 128), &maps.v, h * kBoxDims, c1, c2, pg[0], &bars[s]);
-              }
-            }
-          }
-        }
-        return;
-      }
-      if constexpr (kCopy == TcCopy::kRows) {
-        if (tile < num_tiles) {
-          const int64_t page = pg[0], entry = pg[1];
-          const T* src = bv ? p.kv.v_data + int64_t{kv_head} * p.v_stride_h + page * p.v_stride_page +
-                                  entry * p.v_stride_n
-                            : p.kv.k_data + int64_t{kv_head} * p.kv.stride_h + page * p.kv.stride_page +
-                                  entry * p.kv.stride_n;
-          if (threadIdx.x == 0) bulk::arrive_expect_tx(&bars[s], 2 * kTcTile * kRowBytes);
-          bulk::copy(smem + s * kStage + (bv ? kStage / 2 : 0) + brow * kPitch, src, kRowBytes, &bars[s]);
-        }
-        return;
-      }
-      if (tile < num_tiles) {
-        char* ks_ = smem + s * kStage + sw0;
-        char* vs_ = ks_ + kStage / 2;
-        const int64_t t0 = lo + tile * kTcTile + row_base;
-        PageCursor cur(static_cast<int32_t>(t0), page_size, kRowStep);
-        FLASHINFER_UNROLL
-        for (int i = 0; i < kIters; ++i) {
-          const bool valid = t0 + kRowStep * i < hi;
-          int64_t off_k = 0, off_v = 0;
-          if (valid) {
-            const int64_t page = paged ? int64_t{pg[i]} : 0;
-            const int64_t entry = paged ? int64_t{cur.entry} : t0 + kRowStep * i;
-            off_k = page * p.kv.stride_page + entry * p.kv.stride_n;
-            off_v = page * p.v_stride_page + entry * p.v_stride_n;
-          }
-          cur.advance();
-          const uint32_t so = static_cast<uint32_t>(kRowStep * i * kRowBytes);
-          cp_async::copy16_or_zero(ks_ + so, kbase + off_k, valid);
-          cp_async::copy16_or_zero(vs_ + so, vbase + off_v, valid);
-        }
-      }
-      cp_async::commit();
-    };
-
     // Online softmax per head (log2 units); d is this thread's share of its 2 keys per tile.
     float m[2] = {neg_inf(), neg_inf()}, d[2] = {0.f, 0.f};
     float o[kMTiles][4];  // O^T: dims mt*16 + grp (+8) x heads tig*2 + {0, 1}
@@ -364,16 +433,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
     for (int n = 0; n < kMTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     TM* sp = sP + warp * kDecodeMaxGroup * 16;  // this warp's P^T staging [head][16 keys]
 
-    int32_t pg[kIters > 2 ? kIters : 2];
-    for (int s = 0; s + 1 < stages; ++s) {
-      load_pages(s, pg);
-      issue(s, s, pg);
-    }
-    load_pages(stages - 1, pg);
-    int s_cur = 0;
-    for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      issue(tile + stages - 1, s_cur == 0 ? stages - 1 : s_cur - 1, pg);
-      load_pages(tile + stages, pg);  // consumed by the next iteration's issue
+    for (int32_t tile = 0; tile < num_tiles; ++tile) {
+      issue(s_cur == 0 ? stages - 1 : s_cur - 1, pg);
+      load_next(pg);  // issued by the next iteration
       if constexpr (kBulk) {
         bulk::wait_parity(&bars[s_cur], (phase >> s_cur) & 1u);  // the stage's bytes have landed
         phase ^= 1u << s_cur;
@@ -387,7 +449,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
       if constexpr (kBoxes) {
         // Boxes copy whole pages: V rows past the request's end (stale or never-written cache
         // slots, possibly NaN) would turn P = 0 into NaN in the MMA. Zero this warp's.
-        const int32_t valid = hi32 - (lo32 + static_cast<int32_t>(tile) * kTcTile);
+        const int32_t valid = hi32 - (lo32 + tile * kTcTile);
         if (valid < row0 + 16) {
           char* vw = smem + s_cur * kStage + kStage / 2;
           for (int i = lane; i < 16 * kChunks; i += 32) {
@@ -424,8 +486,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
         }
       }
       // x[r][e]: key row0 + grp + 8r, head tig*2 + e (keys fit int32: page tables are int32).
-      const int32_t t0 = static_cast<int32_t>(lo + tile * kTcTile) + row0 + grp;
-      const int32_t hi_t = static_cast<int32_t>(hi);
+      const int32_t t0 = lo32 + tile * kTcTile + row0 + grp;
+      const int32_t hi_t = hi32;
       float x[2][2];
       FLASHINFER_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -501,9 +563,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
       __syncthreads();  // the stage (and sp) are rewritten by the next iteration
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
-    if constexpr (!kBulk) cp_async::wait(0);  // (every bulk fill issued was waited for)
-    __syncthreads();
-
     // Per-warp states of the heads to the scratch, then the shared epilogue.
     FLASHINFER_UNROLL
     for (int e = 0; e < 2; ++e) {
@@ -511,9 +570,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
       d[e] += __shfl_xor_sync(0xffffffffu, d[e], 8);
       d[e] += __shfl_xor_sync(0xffffffffu, d[e], 16);
     }
-    float* so = reinterpret_cast<float*>(smem);
-    float* sm = so + kTcWarps * kDecodeMaxGroup * kHeadDim;
-    float* sd = sm + kTcWarps * kDecodeMaxGroup;
+    float* so = reinterpret_cast<float*>(smem + (s_cur == 0 ? stages - 1 : s_cur - 1) * kStage);
     FLASHINFER_UNROLL
     for (int n = 0; n < kMTiles; ++n) {
       FLASHINFER_UNROLL
@@ -531,10 +588,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
       }
     }
     __syncthreads();
-    detail::write_merged<T, kHeadDim, kTcWarps>(p, it, qh0, ng, so, sm, sd);
-    if constexpr (kBulk) bulk::fence_proxy_async();  // the scratch writes precede the next item's fills
+    const detail::Item ite = detail::get_item<kG>(p, item);
+    detail::write_merged<T, kHeadDim, kTcWarps>(p, ite, ite.qh0, ite.ng, so, sm, sd);
+    if constexpr (kBulk) bulk::fence_proxy_async();  // the scratch writes precede the stage's refill
     __syncthreads();
   }
+  if constexpr (!kBulk) cp_async::wait(0);  // (empty groups by now)
   pdl_launch_dependents();
 }
 

@@ -17,8 +17,43 @@ using std::max;
 using std::min;
 
 #include "cp_async_emulated.h"
-// (cp.async emulated, before any header that uses it)
+#include "mma_emulated.h"
+#include "barrier_emulated.h"
+// (cp.async, ldmatrix / mma and mbarriers emulated, before any header that uses them)
+
+// What the tensor-core kernel uses beyond the CUDA-core one.
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+  return emu_shfl(v, [](int, int o) { return o & 31; }, src);
+}
+inline bool __any_sync(unsigned, bool pred) {
+  int v = pred ? 1 : 0;
+  for (int o = 1; o < 32; o *= 2) v |= __shfl_xor_sync(0xffffffffu, v, o);
+  return v != 0;
+}
+inline int __float_as_int(float x) {
+  int i;
+  std::memcpy(&i, &x, 4);
+  return i;
+}
+inline float __int_as_float(int i) {
+  float x;
+  std::memcpy(&x, &i, 4);
+  return x;
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {  // (the selectors' plain mode)
+  const uint64_t v = (uint64_t{y} << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= unsigned((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+}
+
 #include "flashinfer/attention/decode_cc.cuh"
+#include "flashinfer/attention/decode_tc.cuh"
 
 using namespace flashinfer;
 using namespace flashinfer::attention;
@@ -26,6 +61,7 @@ using namespace flashinfer::attention;
 namespace flashinfer {
 namespace attention {
 alignas(16) uint4 smem[256 * 1024 / 16];
+alignas(16) uint4 smem_u4[256 * 1024 / 16];  // (the tensor-core kernel's name for it)
 }
 }  // namespace flashinfer
 
@@ -51,8 +87,9 @@ struct Case {
 int failures = 0;
 
 // TKV: the cache element (T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with p.kv_cache saying so).
+// tc: the tensor-core kernel (its cp.async engine) instead of the CUDA-core one.
 template <typename T, typename TKV = T>
-void run_case(const Case& c, uint64_t seed) {
+void run_case(const Case& c, uint64_t seed, bool tc = false) {
   // H: the kernel's q-head columns, q_len per real q head (token-major per KV head, decode_query);
   // q / o / lse are [B * q_len rows, HR real heads]
   const int D = c.head_dim, KH = c.num_kv_heads, n = c.q_len, G = c.group * n, H = G * KH, HR = c.group * KH;
@@ -179,13 +216,23 @@ void run_case(const Case& c, uint64_t seed) {
     return;
   }
 
-  const int bucket = decode_group_bucket(G, D);
+  const int bucket = tc ? decode_max_group(D) : decode_group_bucket(G, D);  // (one tensor-core kernel per head_dim)
   auto go = [&](auto hd, auto gb) {
     constexpr int kD = decltype(hd)::value, kG = decltype(gb)::value;
     const int64_t smem =
         max<int64_t>(c.stages * decode_cc_stage_bytes(kD, kG, sizeof(TKV)), decode_merge_smem(kD));
     std::memset(flashinfer::attention::smem, 0xff, sizeof(flashinfer::attention::smem));
+    std::memset(flashinfer::attention::smem_u4, 0xff, sizeof(flashinfer::attention::smem_u4));
     const unsigned grid = unsigned(c.grid), threads = unsigned(kDecodeThreads);
+    if constexpr (kD <= 128 && kG == decode_max_group(kD) && (sizeof(TKV) == 2 || decode_tc_takes_fp8(kD))) {
+      if (tc) {
+        const int64_t tc_smem = c.stages * decode_tc_stage_bytes(kD, TcCopy::kCpAsync, sizeof(TKV));
+        emu::launch(DecodeTCKernel<T, kD, TcCopy::kCpAsync, TKV>, grid, threads, size_t(tc_smem), p, c.stages,
+                    DecodeTensorMaps{});
+        if (!p.merge_counters) emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
+        return;
+      }
+    }
     if (c.pos == PosEncodingMode::kRoPELlama) {
       emu::launch(DecodeCCKernel<T, kD, kG, true, TKV>, grid, threads, size_t(smem), p, c.stages);
     } else {
@@ -279,9 +326,9 @@ void run_case(const Case& c, uint64_t seed) {
   }
   for (int32_t v : counters)
     if (v != 0) bad = true;  // the merging CTA resets its counter (CUDA-graph replays reuse them)
-  std::printf("%s%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d q_len=%d: "
+  std::printf("%s%s%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d q_len=%d: "
               "max|do|=%.2e max|dlse|=%.2e %s\n",
-              std::is_same<T, __half>::value ? "f16" : "bf16",
+              tc ? "tc " : "", std::is_same<T, __half>::value ? "f16" : "bf16",
               std::is_same<TKV, T>::value ? "" : std::is_same<TKV, __nv_fp8_e4m3>::value ? "/e4m3" : "/e5m2", D, c.group, KH,
               c.page_size, c.lens.size(), c.chunk, int(c.pos), c.soft_cap, c.window_left, c.hnd, c.stages, c.grid,
               c.q_len, max_err, max_lse_err, bad ? "FAIL" : "ok");
@@ -354,6 +401,20 @@ int main() {
   run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[25], 208);
   run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[29], 209);  // multi-token, fp8
   run_case<__nv_bfloat16>(cases[31], 210);
+  // the tensor-core kernel (cp.async engine): every case it takes (head_dim <= 128, no RoPE),
+  // fp8 caches at head_dim 128; copies landing late (at their waits), then early (at issue)
+  for (const bool eager : {false, true}) {
+    emu_cp::eager = eager;
+    std::printf("tensor-core kernel, copies land %s\n", eager ? "at issue" : "at their waits");
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      if (c.head_dim > 128 || c.pos == R) continue;
+      run_case<__half>(c, 300 + i, true);
+      if (i % 2 == 0) run_case<__nv_bfloat16>(c, 400 + i, true);
+      if (c.head_dim == 128 && i % 3 == 0) run_case<__nv_bfloat16, __nv_fp8_e4m3>(c, 500 + i, true);
+    }
+  }
+  emu_cp::eager = false;
   std::printf(failures ? "FAILED: %d\n" : "all ok\n", failures);
   return failures ? 1 : 0;
 }
