@@ -217,6 +217,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
       prefetch_l1(p.q + decode_row_offset(qr, it.request, p.q_len, p.q_stride_n, p.q_stride_h) + l * (128 / sizeof(T)));
     }
   };
+  prefetch_item(blockIdx.x + stride);  // (before the first item's read: short items cross in the prologue)
   Src src = [&] {
     const int32_t first = blockIdx.x;
     const DecodeWorkItem w = fetch(first);
@@ -224,7 +225,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
     if (first >= n_items) it.lo = it.hi = 0;
     return make_src(first, it);
   }();
-  prefetch_item(blockIdx.x + stride);
   auto next_src_item = [&]() {  // the next item with a tile
     do {
       const int32_t i = src.item + stride;
