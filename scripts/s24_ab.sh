@@ -10,6 +10,8 @@
 #   4: four variants (FLASHINFER_DECODE_QPF, _NO_ITEM_PF), CASES=benchmarks/sweeps/s24_flat3.txt
 #   5: VARIANTS=$'flat|| \nearly|-DFLASHINFER_DECODE_EARLY_PF=1' CASES=benchmarks/sweeps/s24_early.txt
 #      TESTS="1:<decode files> test_framework.py test_page.py;2:<decode files>" BENCH_PKG=1
+#   7: VARIANTS=$'head|| \nfence-t1|-DFLASHINFER_DECODE_FENCE_T1=1' CASES=benchmarks/sweeps/s24_fence.txt
+#      AB_TIMEOUT=220 TEST_TIMEOUT=90 TESTS="2:test_decode.py test_page_decode.py test_decode_host.py test_cascade_wrappers.py"
 # (those switches were temporary #ifs of decode_tc.cuh / decode.cuh; the tree has none now).
 set -uo pipefail
 cd "$(dirname "$0")/.."
