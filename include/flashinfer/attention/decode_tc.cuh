@@ -93,15 +93,16 @@ FLASHINFER_DEVICE uint32_t fp8x2_to_f16x2(uint32_t v) {
 
 // kCopy: the copy engine (rows and boxes: sm_90+, stages <= kTcMaxStages, K/V rows 16-byte
 // aligned; boxes: `maps` describe the cache, see TcCopy).
-// Registers: the cp.async engine (sm_80's) is held to 128, i.e. 4 CTAs per SM where shared
-// memory allows (unbounded, its head_dim 64 build took 164); the sm_90 engines keep ptxas's
-// choice (124-128; a minimum of 0 blocks leaves their SASS identical to no minimum, while 1
-// moved the box engine to 140 registers), except the fp8 box engine: left alone ptxas gave it
-// 250 registers, 2 CTAs per SM instead of 4 (H200, e4m3: 256 x 1024 156 -> 188 us), so it is
-// held to 128 too.
+// Registers: held to 128, i.e. 4 CTAs per SM where shared memory allows, for the cp.async
+// engine (sm_80's; unbounded, its head_dim 64 build took 164), the fp8 box engine (left alone
+// ptxas gave it 250 registers, 2 CTAs per SM instead of 4: H200, e4m3, 256 x 1024 156 -> 188 us)
+// and head_dim 64 (at 168 registers, 3 CTAs per SM: 64 x 2048 17% slower). The fp16 / bf16
+// engines at head_dim 128 keep ptxas's choice (145-151; their stages allow 2 CTAs per SM, or 3
+// at two stages).
 // TKV: the cache element, T, or fp8 with kCopy kCpAsync or kBoxes at decode_tc_takes_fp8 head_dims.
 template <typename T, int kHeadDim, TcCopy kCopy, typename TKV = T>
-__global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || sizeof(TKV) == 1 || kHeadDim <= 64 ? 4 : 0)
+__global__ void __launch_bounds__(kDecodeThreads,
+                                  kCopy == TcCopy::kCpAsync || sizeof(TKV) == 1 || kHeadDim <= 64 ? 4 : 0)
     DecodeTCKernel(const DecodeParams<T> p, const int stages, const __grid_constant__ DecodeTensorMaps maps) {
   constexpr bool kFp8 = sizeof(TKV) == 1;
   using TM = std::conditional_t<kFp8, __half, T>;  // the MMAs' operand type (see the top)
@@ -194,7 +195,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kCopy == TcCopy::kCpAsync || s
   };
   auto make_src = [&](int32_t i, const detail::Item& it) {
     const int32_t lo32 = static_cast<int32_t>(it.lo), hi32 = static_cast<int32_t>(it.hi);
-    Src s{i, lo32, hi32, it.kv_head, paged ? p.kv.indices + it.page_begin : nullptr, PageCursor(paged ? lo32 + brow : 0, page_size, kTcTile),
+    Src s{i, lo32, hi32, it.kv_head, paged ? p.kv.indices + it.page_begin : nullptr,
+          PageCursor(paged ? lo32 + brow : 0, page_size, kTcTile),
           lo32 + brow, 0, hi32 - 1};
     if (kCopy == TcCopy::kRows && paged && hi32 > lo32) {
       const int32_t last_slot = (hi32 - 1) / page_size;
