@@ -13,12 +13,18 @@
 //    arrivals make `count` (more arrivals than that abort). set_max_regs does nothing.
 //  - cp_async::arrive_noinc (an arrival once the thread's cp.async copies land) lands them at
 //    once and arrives.
-//  - Bulk copies (the TMA engine) are not emulated: calling one aborts.
+//  - Bulk copies (bulk::copy, the TMA engine's row copies) and arrive_expect_tx: a barrier's
+//    phase completes when its arrivals are in and its expected bytes have landed. A copy takes
+//    its data at issue and lands when a thread waits on its barrier (the latest legal time), or
+//    at issue with emu_cp::eager (cp_async_emulated.h), the earliest. Tensor-map copies are not
+//    emulated.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <vector>
 
 #define bulk bulk_hardware
 #define barrier barrier_hardware
@@ -46,6 +52,14 @@ inline void put(uint64_t* bar, const Mbar& m) { std::memcpy(bar, &m, 8); }
 // Releases what the scheduler can release among threads [0, n) of the running CTA: a named
 // barrier every participant has reached, else (if an arrival happened since the last call that
 // did so) the spinners. False: nothing to release.
+// Bulk copies in flight, and the bytes each barrier still expects in its current phase.
+struct BulkCopy {
+  void* dst;
+  std::vector<unsigned char> data;
+  uint64_t* bar;
+};
+inline std::vector<BulkCopy> bulk_in_flight;
+inline std::map<const uint64_t*, int64_t> tx;
 inline bool release(int n) {
   static int64_t last_epoch = -1;
   for (int t = 0; t < n; ++t) {
@@ -79,6 +93,8 @@ inline void end_cta() {
       std::abort();
     }
 }
+// emu::launch releases spinners and named barriers through it.
+inline const bool hooked = (emu::extra_release = &release, true);
 }  // namespace emu_bar
 
 namespace flashinfer {
@@ -86,23 +102,65 @@ namespace bulk {
 inline void mbarrier_init(uint64_t* bar, int count) {
   if (count <= 0 || count > 65535) std::abort();
   emu_bar::put(bar, emu_bar::Mbar{uint32_t(count), uint16_t(count), 0});
+  emu_bar::tx[bar] = 0;
 }
 inline void fence_init() {}
 inline void fence_proxy_async() {}
+namespace detail {
+// The phase completes once every arrival is in (pending 0) and no byte is expected.
+inline void complete_if_done(uint64_t* bar, emu_bar::Mbar& m) {
+  if (m.pending == 0 && emu_bar::tx[bar] == 0) m.pending = m.count, m.parity ^= 1, ++emu_bar::epoch;
+}
+inline void complete_tx(uint64_t* bar, uint32_t bytes) {
+  emu_bar::tx[bar] -= bytes;
+  emu_bar::Mbar m = emu_bar::get(bar);
+  complete_if_done(bar, m);
+  emu_bar::put(bar, m);
+}
+}  // namespace detail
 inline void arrive(uint64_t* bar) {
   emu_bar::Mbar m = emu_bar::get(bar);
   if (m.pending == 0 || m.pending > m.count) {
     std::printf("mbarrier arrive on an uninitialized barrier (thread %u)\n", threadIdx.x);
     std::abort();
   }
-  if (--m.pending == 0) m.pending = m.count, m.parity ^= 1, ++emu_bar::epoch;
+  --m.pending;
+  detail::complete_if_done(bar, m);
   emu_bar::put(bar, m);
 }
 inline void wait_parity(uint64_t* bar, uint32_t parity) {
+  // (the latest legal time: this barrier's bulk copies land now)
+  for (size_t i = 0; i < emu_bar::bulk_in_flight.size();) {
+    emu_bar::BulkCopy& c = emu_bar::bulk_in_flight[i];
+    if (c.bar != bar) {
+      ++i;
+      continue;
+    }
+    std::memcpy(c.dst, c.data.data(), c.data.size());
+    const uint32_t bytes = static_cast<uint32_t>(c.data.size());
+    emu_bar::bulk_in_flight.erase(emu_bar::bulk_in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+    detail::complete_tx(bar, bytes);
+  }
   while (emu_bar::get(bar).parity == (parity & 1)) emu::yield_at(5);
 }
-inline void arrive_expect_tx(uint64_t*, uint32_t) { std::abort(); }
-inline void copy(void*, const void*, uint32_t, uint64_t*) { std::abort(); }
+inline void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  emu_bar::tx[bar] += bytes;
+  arrive(bar);
+}
+inline void copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16) {
+    std::printf("bulk copy of %u bytes, %p -> %p: not 16-byte aligned\n", bytes, src, dst);
+    std::abort();
+  }
+  emu_bar::BulkCopy c{dst, std::vector<unsigned char>(bytes), bar};
+  std::memcpy(c.data.data(), src, bytes);
+  if (emu_cp::eager) {
+    std::memcpy(dst, c.data.data(), bytes);
+    detail::complete_tx(bar, bytes);
+    return;
+  }
+  emu_bar::bulk_in_flight.push_back(std::move(c));
+}
 }  // namespace bulk
 namespace cp_async {
 // (cp_async_emulated.h's copies: this thread's land now, then the arrival)

@@ -171,6 +171,9 @@ inline void start_fibers(int n) {
     makecontext(&f.ctx, fiber_entry, 0);
   }
 }
+// Releases fibers parked at other waits than block and warp barriers (barrier_emulated.h sets it:
+// mbarrier spinners, named barriers); false when it released none.
+inline bool (*extra_release)(int threads) = nullptr;
 template <class... KArgs, class... Args>
 void launch(void (*kernel)(KArgs...), unsigned grid, unsigned threads, size_t smem, const Args&... args) {
   if (smem > sizeof(flashinfer::sampling::blk::sampling_smem)) { std::printf("smem too big %zu\n", smem); std::abort(); }
@@ -206,6 +209,7 @@ void launch(void (*kernel)(KArgs...), unsigned grid, unsigned threads, size_t sm
         for (auto& f : fibers) f.wait = 0;
         released = true;
       }
+      if (!released && extra_release) released = extra_release(int(threads));
       if (!released) {
         std::printf("DEADLOCK in block %u: states", bx);
         for (unsigned t = 0; t < threads; ++t) std::printf(" %d", fibers[t].wait);

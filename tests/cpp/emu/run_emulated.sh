@@ -10,6 +10,6 @@ W=${W:-/tmp/flashinfer-emu}
 NAME=test_${1:?decode, sampling, sampling_cluster, norm_quant, cascade, mma or prefill}_emulated
 shift
 mkdir -p "$W"
-g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -I"$ROOT/tests/cpp/emu" -I"$ROOT/include" -I"$ROOT/tests/cpp/host" \
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Wno-psabi -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -I"$ROOT/tests/cpp/emu" -I"$ROOT/include" -I"$ROOT/tests/cpp/host" \
   -I"$CUDA/include" ${EMU_FLAGS:-} "$ROOT/tests/cpp/emu/$NAME.cpp" -L"$CUDA/lib64" -lcudart_static -ldl -lrt -pthread -o "$W/$NAME"
 "$W/$NAME"

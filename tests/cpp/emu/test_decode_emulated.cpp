@@ -1,14 +1,24 @@
-// The CUDA-core decode kernel DecodeCCKernel (decode_cc.cuh) run on the CPU by cuda_emulator.h
-// against a float64 reference: head_dim 64/128/256/512, group sizes 1/2/3/4/8/12 (padded
-// buckets; sub-groups of 8, or 4 at head_dim 512), page sizes 1/5/7/16 and contiguous KV,
-// NHD/HND strides, ragged and empty requests, split items (explicit and implicit) folded by
-// DecodeMergeKernel or by the in-kernel merge (merge_counters: the CTA that writes a request's
-// last partial state merges them and resets its counter), RoPE / ALiBi / soft cap / sliding
-// window, LSE, 2, 3 and 4 stages, f16 and bf16, and fp8 caches (e4m3 / e5m2, 8-byte copies;
-// the reference reads the same fp8 values). cp.async is emulated by cp_async_emulated.h
-// (copies land at the latest legal time, so a slot reused too early shows up).
+// The decode kernels run on the CPU by cuda_emulator.h against a float64 reference.
+// - The CUDA-core kernel DecodeCCKernel (decode_cc.cuh):
+//   - head_dim 64/128/256/512; group sizes 1/2/3/4/8/12 (padded buckets; sub-groups of 8, or 4
+//     at head_dim 512);
+//   - page sizes 1/5/7/16 and contiguous KV; NHD/HND strides; ragged and empty requests;
+//   - split items (explicit and implicit), folded by DecodeMergeKernel or by the in-kernel
+//     merge (merge_counters: the CTA that writes a request's last partial state merges them and
+//     resets its counter);
+//   - RoPE / ALiBi / soft cap / sliding window, LSE, 2, 3 and 4 stages, f16 and bf16;
+//   - fp8 caches (e4m3 / e5m2, 8-byte copies; the reference reads the same fp8 values).
+// - The tensor-core kernel DecodeTCKernel (decode_tc.cuh), every case without RoPE at
+//   head_dim <= 128:
+//   - with its cp.async engine (fp16, bf16 and, at head_dim 128, fp8 caches);
+//   - with its bulk row copies (mbarriers with byte counts, barrier_emulated.h);
+//   - ldmatrix / mma by mma_emulated.h.
+//   The copies run across work items there, so each run goes under two schedules: copies land
+//   at their waits (a slot read too early shows up), then at issue (emu_cp::eager: a slot
+//   refilled, or used as scratch, while still needed shows up).
+// cp.async is emulated by cp_async_emulated.h.
 // Run: cmake -DFLASHINFER_BUILD_TESTS=ON -DFLASHINFER_BUILD_EMU_TESTS=ON, then `ctest -L emu`,
-// or without CMake tests/cpp/emu/run_emulated.sh decode; ~1 s.
+// or without CMake tests/cpp/emu/run_emulated.sh decode; ~2 s (its compile ~40 s).
 #include "cuda_emulator.h"
 // (the emulator first)
 #include <algorithm>
@@ -87,9 +97,10 @@ struct Case {
 int failures = 0;
 
 // TKV: the cache element (T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with p.kv_cache saying so).
-// tc: the tensor-core kernel (its cp.async engine) instead of the CUDA-core one.
+// tc: the tensor-core kernel instead of the CUDA-core one, with its cp.async engine or (rows)
+// its bulk row copies (fp16 / bf16 caches).
 template <typename T, typename TKV = T>
-void run_case(const Case& c, uint64_t seed, bool tc = false) {
+void run_case(const Case& c, uint64_t seed, bool tc = false, bool rows = false) {
   // H: the kernel's q-head columns, q_len per real q head (token-major per KV head, decode_query);
   // q / o / lse are [B * q_len rows, HR real heads]
   const int D = c.head_dim, KH = c.num_kv_heads, n = c.q_len, G = c.group * n, H = G * KH, HR = c.group * KH;
@@ -226,9 +237,21 @@ void run_case(const Case& c, uint64_t seed, bool tc = false) {
     const unsigned grid = unsigned(c.grid), threads = unsigned(kDecodeThreads);
     if constexpr (kD <= 128 && kG == decode_max_group(kD) && (sizeof(TKV) == 2 || decode_tc_takes_fp8(kD))) {
       if (tc) {
+        if constexpr (sizeof(TKV) == 2) {
+          if (rows) {
+            emu::launch(DecodeTCKernel<T, kD, TcCopy::kRows, TKV>, grid, threads,
+                        size_t(c.stages * decode_tc_stage_bytes(kD, TcCopy::kRows)), p, c.stages, DecodeTensorMaps{});
+            if (!emu_bar::bulk_in_flight.empty()) {
+              std::printf("%zu bulk copies never waited for\n", emu_bar::bulk_in_flight.size());
+              ++failures;
+              emu_bar::bulk_in_flight.clear();
+            }
+          }
+        }
         const int64_t tc_smem = c.stages * decode_tc_stage_bytes(kD, TcCopy::kCpAsync, sizeof(TKV));
-        emu::launch(DecodeTCKernel<T, kD, TcCopy::kCpAsync, TKV>, grid, threads, size_t(tc_smem), p, c.stages,
-                    DecodeTensorMaps{});
+        if (!rows)
+          emu::launch(DecodeTCKernel<T, kD, TcCopy::kCpAsync, TKV>, grid, threads, size_t(tc_smem), p, c.stages,
+                      DecodeTensorMaps{});
         if (!p.merge_counters) emu::launch(DecodeMergeKernel<T, kD>, 3u, unsigned(kDecodeThreads), size_t(0), p);
         return;
       }
@@ -328,7 +351,7 @@ void run_case(const Case& c, uint64_t seed, bool tc = false) {
     if (v != 0) bad = true;  // the merging CTA resets its counter (CUDA-graph replays reuse them)
   std::printf("%s%s%s D=%d group=%d kvh=%d ps=%d lens=%zu chunk=%d pos=%d cap=%.0f win=%d hnd=%d st=%d grid=%d q_len=%d: "
               "max|do|=%.2e max|dlse|=%.2e %s\n",
-              tc ? "tc " : "", std::is_same<T, __half>::value ? "f16" : "bf16",
+              rows ? "tc rows " : tc ? "tc " : "", std::is_same<T, __half>::value ? "f16" : "bf16",
               std::is_same<TKV, T>::value ? "" : std::is_same<TKV, __nv_fp8_e4m3>::value ? "/e4m3" : "/e5m2", D, c.group, KH,
               c.page_size, c.lens.size(), c.chunk, int(c.pos), c.soft_cap, c.window_left, c.hnd, c.stages, c.grid,
               c.q_len, max_err, max_lse_err, bad ? "FAIL" : "ok");
@@ -401,8 +424,9 @@ int main() {
   run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[25], 208);
   run_case<__nv_bfloat16, __nv_fp8_e4m3>(cases[29], 209);  // multi-token, fp8
   run_case<__nv_bfloat16>(cases[31], 210);
-  // the tensor-core kernel (cp.async engine): every case it takes (head_dim <= 128, no RoPE),
-  // fp8 caches at head_dim 128; copies landing late (at their waits), then early (at issue)
+  // the tensor-core kernel: every case it takes (head_dim <= 128, no RoPE), with the cp.async
+  // engine (fp8 caches too, at head_dim 128) and the bulk row copies; copies landing late (at
+  // their waits), then early (at issue)
   for (const bool eager : {false, true}) {
     emu_cp::eager = eager;
     std::printf("tensor-core kernel, copies land %s\n", eager ? "at issue" : "at their waits");
@@ -412,6 +436,7 @@ int main() {
       run_case<__half>(c, 300 + i, true);
       if (i % 2 == 0) run_case<__nv_bfloat16>(c, 400 + i, true);
       if (c.head_dim == 128 && i % 3 == 0) run_case<__nv_bfloat16, __nv_fp8_e4m3>(c, 500 + i, true);
+      run_case<__nv_bfloat16>(c, 600 + i, true, true);
     }
   }
   emu_cp::eager = false;
