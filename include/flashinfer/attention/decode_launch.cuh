@@ -268,18 +268,18 @@ cudaError_t decode_shape_for(bool tc, TcCopy copy, bool rope, DecodeLaunch* l, i
       // 19.4 / 17.8). Not everywhere: where the 3-CTA plan splits requests no more (24 x 4096,
       // 48 x 2048) two stages x 3 CTAs are 13-16% faster, so batch decode plans for both and
       // picks (scheduler.h decode_prefers_wide; the plan's depth arrives as `stages`).
-      constexpr int64_t merge = 0;  // (the epilogue's scratch is a stage: decode_tc.cuh)
+      // (merge_smem 0: the tensor-core kernel's epilogue scratch is one of its stages)
       switch (copy) {
         case TcCopy::kBoxes:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kBoxes>>(
-              decode_tc_stage_bytes(kHeadDim, copy), merge, l, stages > 0 ? stages : kDecodeTCStages,
+              decode_tc_stage_bytes(kHeadDim, copy), 0, l, stages > 0 ? stages : kDecodeTCStages,
               kTcBoxAlign);
         case TcCopy::kRows:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kRows>>(
-              decode_tc_stage_bytes(kHeadDim, copy), merge, l, stages > 0 ? stages : kDecodeTCStages);
+              decode_tc_stage_bytes(kHeadDim, copy), 0, l, stages > 0 ? stages : kDecodeTCStages);
         default:
           return decode_launch_shape<DecodeTCKernel<T, kHeadDim, TcCopy::kCpAsync>>(
-              decode_tc_stage_bytes(kHeadDim, copy), merge, l, stages > 0 ? stages : kDecodeTCStages);
+              decode_tc_stage_bytes(kHeadDim, copy), 0, l, stages > 0 ? stages : kDecodeTCStages);
       }
     }
   }

@@ -243,7 +243,12 @@ __global__ void __launch_bounds__(kDecodeThreads,
   };
   if (src.item < n_items && src.k >= src.hi) next_src_item();
   Tile pend;
-  // The page ids of src's next tile (pg), then src moves on.
+  // The page ids of src's next tile (pg), then src moves on. They are loaded an iteration before
+  // their tile is issued, so their latency hides behind a tile of math. cp.async: thread
+  // (row_base, chunk) copies chunk `chunk` of key rows row_base + kRowStep * i; its swizzle term
+  // is the same for all its rows (kRowStep is a multiple of 8) and its page slots advance by a
+  // PageCursor, so the address loop has no division. Rows: pg is the page id and entry of this
+  // thread's key row.
   auto load_next = [&](int32_t* pg) {
     if (src.item >= n_items) {
       pend.k = pend.hi = 0;
@@ -489,7 +494,6 @@ __global__ void __launch_bounds__(kDecodeThreads,
       }
       // x[r][e]: key row0 + grp + 8r, head tig*2 + e (keys fit int32: page tables are int32).
       const int32_t t0 = lo32 + tile * kTcTile + row0 + grp;
-      const int32_t hi_t = hi32;
       float x[2][2];
       FLASHINFER_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -499,7 +503,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
           float v = sc[0][2 * r + e] + sc[1][2 * r + e];
           v = soft_cap ? cap_log2 * tanhf(v * sc_scale[e]) : v * sc_scale[e];
           if (alibi) v += slope[e] * float(t);
-          x[r][e] = t < hi_t && detail::key_visible(qpos[e], t, reach) ? v : neg_inf();
+          x[r][e] = t < hi32 && detail::key_visible(qpos[e], t, reach) ? v : neg_inf();
         }
       }
       float scale[2], pr[2][2];

@@ -49,9 +49,6 @@ inline Mbar get(const uint64_t* bar) {
   return m;
 }
 inline void put(uint64_t* bar, const Mbar& m) { std::memcpy(bar, &m, 8); }
-// Releases what the scheduler can release among threads [0, n) of the running CTA: a named
-// barrier every participant has reached, else (if an arrival happened since the last call that
-// did so) the spinners. False: nothing to release.
 // Bulk copies in flight, and the bytes each barrier still expects in its current phase.
 struct BulkCopy {
   void* dst;
@@ -60,6 +57,9 @@ struct BulkCopy {
 };
 inline std::vector<BulkCopy> bulk_in_flight;
 inline std::map<const uint64_t*, int64_t> tx;
+// Releases what the scheduler can release among threads [0, n) of the running CTA: a named
+// barrier every participant has reached, else (if an arrival happened since the last call that
+// did so) the spinners. False: nothing to release.
 inline bool release(int n) {
   static int64_t last_epoch = -1;
   for (int t = 0; t < n; ++t) {
@@ -152,13 +152,13 @@ inline void copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
     std::printf("bulk copy of %u bytes, %p -> %p: not 16-byte aligned\n", bytes, src, dst);
     std::abort();
   }
-  emu_bar::BulkCopy c{dst, std::vector<unsigned char>(bytes), bar};
-  std::memcpy(c.data.data(), src, bytes);
   if (emu_cp::eager) {
-    std::memcpy(dst, c.data.data(), bytes);
+    std::memcpy(dst, src, bytes);
     detail::complete_tx(bar, bytes);
     return;
   }
+  emu_bar::BulkCopy c{dst, std::vector<unsigned char>(bytes), bar};
+  std::memcpy(c.data.data(), src, bytes);
   emu_bar::bulk_in_flight.push_back(std::move(c));
 }
 }  // namespace bulk
