@@ -57,6 +57,15 @@ int ctas_per_sm(fb::DType dt, int head_dim, int group, bool use_tc, int pos_mode
   return ctas;
 }
 
+#ifdef FLASHINFER_DECODE_TRACE
+// A diagnostic build only: the device address of a trace buffer (benchmarks/trace_decode.py sets
+// FLASHINFER_DECODE_TRACE_PTR before each call), or null.
+unsigned long long* trace_buffer() {
+  const char* e = std::getenv("FLASHINFER_DECODE_TRACE_PTR");
+  return e ? reinterpret_cast<unsigned long long*>(static_cast<uintptr_t>(std::strtoull(e, nullptr, 10))) : nullptr;
+}
+#endif
+
 // FLASHINFER_DECODE_MIN_CHUNK (read once; 0 when unset): the fewest keys per split chunk.
 int64_t min_chunk_knob() {
   static const int64_t v = [] {
@@ -351,6 +360,9 @@ class DecodeRunner {
       p.pos_encoding = static_cast<PosEncodingMode>(pos_);
       p.rope_scale = rope_scale_, p.rope_theta = rope_theta_;
       p.pdl = pdl;
+#ifdef FLASHINFER_DECODE_TRACE
+      p.trace = trace_buffer();
+#endif
       const cudaError_t err = flashinfer::attention::Decode(p, use_tc_, launch_merge_, max_grid_, fb::as_stream(stream));
       if (err != cudaSuccess) fb::throw_cuda(c.op, err);
     });
@@ -520,6 +532,9 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.rope_scale = float(rope_scale), p.rope_theta = float(rope_theta);
     p.pdl = pdl;
     p.stages = stages;
+#ifdef FLASHINFER_DECODE_TRACE
+    p.trace = trace_buffer();
+#endif
     const int64_t n_items = int64_t{hkv} * p.sub_groups * chunks;
     const cudaError_t err = flashinfer::attention::Decode(p, use_tc, chunks > 1, n_items, fb::as_stream(stream));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);

@@ -88,6 +88,17 @@ FLASHINFER_DEVICE Pack<T, kE> weighted_sum(float wa, const Pack<T, kE>& a, float
   return o;
 }
 
+// Hides a vector's value from the optimizer, so that its conversion to fp32 is not hoisted above
+// earlier stores (fp32 copies of every vector at once would cost registers).
+template <typename T, int kE>
+FLASHINFER_DEVICE void opaque(Pack<T, kE>& v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+r"(v.u.x), "+r"(v.u.y), "+r"(v.u.z), "+r"(v.u.w));
+#else
+  (void)v;
+#endif
+}
+
 }  // namespace detail
 
 // One tile per group (cascade.h's MergeShape); kE elements per vector (8: 16-byte vectors, 1:
@@ -151,6 +162,61 @@ __global__ void __launch_bounds__(kMergeStateMaxThreads, kVecs == 1 ? 4 : (kVecs
   __syncthreads();  // (in place: every group has also read s_a before its LSE is overwritten)
   const int t = static_cast<int>(threadIdx.x);
   if (t < l.groups_per_block && lse_at[t] >= 0) p.s_out[lse_at[t]] = lse[t];
+  pdl_launch_dependents();
+}
+
+// MergeState on packed states (cascade.h's MergeFlatShape): kU vectors of each input per
+// thread, all loads issued first; a vector's weights come from its row-head's two LSEs; the
+// merged LSEs leave through shared memory in one coalesced store per block (as above). Every
+// load instruction of a warp reads 512 contiguous bytes, where a tile group's read 256 bytes of
+// each of two rows. H200, bf16, us (tile kernel -> this at one vector and 128 threads, two calls,
+// session 25): 8192 x 32 x 128 54.0 -> 53.3-53.7, 16384 rows 100.7 -> 99.5-99.7, 2048 rows
+// 18.9-19.2 -> 18.6, head_dim 64 30.9 -> 30.4, head_dim 256 100.3 -> 99.7, 1 row 4.7 -> 4.4. Two
+// or four vectors per thread were slower (8192 rows 53.8-54.0 / 54.5-54.7), 256 and 512 threads
+// the same or slower (53.3-53.6 / 53.8-54.0).
+template <typename T, int kU>
+__global__ void __launch_bounds__(kMergeStateMaxThreads, kU <= 1 ? 4 : (kU == 2 ? 3 : 2))
+    MergeStateFlatKernel(const MergeStateParams<T> p, const MergeFlatShape l) {
+  constexpr int kE = 16 / sizeof(T);
+  using V = detail::Pack<T, kE>;
+  FLASHINFER_EXTERN_SHARED float flat_lse[];  // [rows_per_block]
+  const int t = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  const int64_t f0 = int64_t{blockIdx.x} * nt * kU;
+  const int64_t rh0 = f0 >> l.hv_log2;
+  const int64_t hmask = (int64_t{1} << l.hv_log2) - 1;
+  pdl_wait();
+  V a[kU], b[kU];
+  FLASHINFER_UNROLL
+  for (int u = 0; u < kU; ++u) {
+    const int64_t f = f0 + int64_t{u} * nt + t;
+    if (f < l.vecs) {
+      a[u].load(p.v_a + f * kE);
+      b[u].load(p.v_b + f * kE);
+    }
+  }
+  float sa[kU], sb[kU];
+  FLASHINFER_UNROLL
+  for (int u = 0; u < kU; ++u) {
+    const int64_t f = f0 + int64_t{u} * nt + t;
+    sa[u] = sb[u] = 0.f;
+    if (f < l.vecs) {
+      sa[u] = p.s_a[f >> l.hv_log2];
+      sb[u] = p.s_b[f >> l.hv_log2];
+    }
+  }
+  FLASHINFER_UNROLL
+  for (int u = 0; u < kU; ++u) {
+    const int64_t f = f0 + int64_t{u} * nt + t;
+    detail::opaque(a[u]);  // convert vector u only after vector u - 1 is stored
+    detail::opaque(b[u]);
+    if (f < l.vecs) {
+      const MergeWeights w = merge_weights(sa[u], sb[u]);
+      detail::weighted_sum(w.wa, a[u], w.wb, b[u]).store(p.v_out + f * kE);
+      if ((f & hmask) == 0) flat_lse[(f >> l.hv_log2) - rh0] = w.lse;
+    }
+  }
+  __syncthreads();  // (in place: every thread of the block has read its s_a)
+  for (int i = t; i < l.rows_per_block && rh0 + i < l.row_heads; i += nt) p.s_out[rh0 + i] = flat_lse[i];
   pdl_launch_dependents();
 }
 
@@ -320,8 +386,8 @@ auto merge_state_kernel(bool vec, const MergeShape& l) -> void (*)(MergeStatePar
   }
 }
 
-// Launches MergeState on `stream` (current device), in the passes of merge_state_passes
-// (cascade.h).
+// Launches MergeState on `stream` (current device): packed states in one MergeStateFlatKernel
+// launch (merge_flat_shape), any others in the passes of merge_state_passes (cascade.h).
 template <typename T>
 cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
   if (validate(p) != Status::kSuccess) return cudaErrorInvalidValue;
@@ -341,6 +407,22 @@ cudaError_t MergeState(const MergeStateParams<T>& p, cudaStream_t stream) {
     return v == 256 || v == 512 ? v : kMergeStateThreads;
   }();
   const MergeStatePasses passes = merge_state_passes(p, env_vecs, env_threads);
+  // FLASHINFER_MERGE_FLAT=0|1|2|4: vectors per thread of MergeStateFlatKernel, which packed
+  // states take unless it is 0 (a tuning knob, read once; default 1).
+  static const int env_flat = [] {
+    const char* e = std::getenv("FLASHINFER_MERGE_FLAT");
+    const int v = e ? std::atoi(e) : 1;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
+  }();
+  MergeFlatShape fl;
+  if (passes.count > 0 && env_flat > 0 && merge_flat_shape(p, passes.vec, env_flat, env_threads, &fl)) {
+    if (fl.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;
+    auto kernel = env_flat == 1   ? MergeStateFlatKernel<T, 1>
+                  : env_flat == 2 ? MergeStateFlatKernel<T, 2>
+                                  : MergeStateFlatKernel<T, 4>;
+    return launch(kernel, dim3(static_cast<unsigned>(fl.blocks)), dim3(static_cast<unsigned>(fl.threads)),
+                  static_cast<size_t>(fl.rows_per_block) * 4, stream, p.pdl, p, fl);
+  }
   for (int i = 0; i < passes.count; ++i) {
     const MergeShape& l = passes.pass[i];
     if (l.blocks > kMergeMaxBlocks) return cudaErrorInvalidValue;

@@ -180,6 +180,47 @@ MergeStatePasses merge_state_passes(const MergeStateParams<T>& p, int vecs, int 
   return r;
 }
 
+// MergeState on packed states: every v is [seq_len, num_heads, head_dim] and every s [seq_len,
+// num_heads] with no gaps (strides of size-1 dimensions aside), 16-byte vectors, no mask, and
+// head_vecs a power of two <= threads. Then the vectors of all row-heads form one flat range:
+// block b owns vectors [b * threads * unroll, (b + 1) * threads * unroll), whole row-heads, and
+// its thread t vectors b * threads * unroll + u * threads + t (u < unroll), so every load
+// instruction of a warp reads 512 contiguous bytes.
+struct MergeFlatShape {
+  int64_t vecs = 0;       // row_heads * head_vecs
+  int64_t row_heads = 0;
+  int hv_log2 = 0;        // log2(head_vecs)
+  int threads = 256, unroll = 1;
+  int64_t blocks = 0;
+  int rows_per_block = 0;  // threads * unroll / head_vecs
+};
+
+inline bool packed_states(const StateStrides& s, int64_t seq_len, int64_t num_heads, int64_t head_dim) {
+  return (num_heads == 1 || s.v_h == head_dim) && (seq_len == 1 || s.v_n == num_heads * head_dim) &&
+         (num_heads == 1 || s.s_h == 1) && (seq_len == 1 || s.s_n == num_heads);
+}
+
+// False when the states do not qualify (see MergeFlatShape); vec: merge_state_passes' 16-byte test.
+template <typename T>
+bool merge_flat_shape(const MergeStateParams<T>& p, bool vec, int unroll, int threads, MergeFlatShape* l) {
+  constexpr int kE = 16 / static_cast<int>(sizeof(T));
+  if (!vec || p.mask || p.head_dim % kE != 0) return false;
+  const int64_t hv = p.head_dim / kE;
+  if (hv <= 0 || hv > threads || (hv & (hv - 1)) != 0) return false;
+  if (!packed_states(p.a, p.seq_len, p.num_heads, p.head_dim) || !packed_states(p.b, p.seq_len, p.num_heads, p.head_dim) ||
+      !packed_states(p.out, p.seq_len, p.num_heads, p.head_dim))
+    return false;
+  l->row_heads = p.seq_len * p.num_heads;
+  l->vecs = l->row_heads * hv;
+  l->hv_log2 = 0;
+  while ((int64_t{1} << l->hv_log2) < hv) ++l->hv_log2;
+  l->threads = threads;
+  l->unroll = unroll;
+  l->blocks = ceil_div<int64_t>(l->vecs, int64_t{threads} * unroll);
+  l->rows_per_block = static_cast<int>(int64_t{threads} * unroll / hv);
+  return true;
+}
+
 // What the kernels assume; the binding has already produced friendlier messages.
 template <typename T>
 Status validate(const MergeStateParams<T>& p) {

@@ -190,6 +190,27 @@ FLASHINFER_DEVICE float merge_partials(const float* partial_o, const float* part
   return den > 0.f ? m + log2f(den) : neg_inf();
 }
 
+#ifdef FLASHINFER_DECODE_TRACE
+// Thread 0 stamps event e of its CTA once `dep` (a value the event waited for) is in a register.
+constexpr int kDecodeTraceSlots = 16;
+template <typename T>
+FLASHINFER_DEVICE void trace_mark(const DecodeParams<T>& p, int e, uint32_t dep) {
+  if (!p.trace || threadIdx.x != 0) return;
+  unsigned long long t, c;
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.eq.u32 q, %2, 0x7fffffff;\n@q mov.u64 %0, 0;\n@!q mov.u64 %0, %%globaltimer;\n"
+      "@q mov.u64 %1, 0;\n@!q mov.u64 %1, %%clock64;\n}\n"
+      : "=l"(t), "=l"(c)
+      : "r"(dep)
+      : "memory");
+  p.trace[blockIdx.x * 2 * kDecodeTraceSlots + e] = t;
+  p.trace[blockIdx.x * 2 * kDecodeTraceSlots + kDecodeTraceSlots + e] = c;
+}
+#define FLASHINFER_DECODE_MARK(p, e, dep) detail::trace_mark(p, e, static_cast<uint32_t>(dep))
+#else
+#define FLASHINFER_DECODE_MARK(p, e, dep)
+#endif
+
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
 // (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
 // (threadFenceReduction pattern: fence, count, the last one reads everyone's writes). Each
@@ -203,8 +224,10 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
   __syncthreads();
   const DecodeMergeInfo mi = p.merge[it.request];
   int32_t* counter = p.merge_counters + it.request * int64_t{p.num_kv_heads} * p.sub_groups + it.unit;
+  FLASHINFER_DECODE_MARK(p, 5, mi.num_chunks);
   if (threadIdx.x == 0) last = atomicAdd(counter, 1) == mi.num_chunks - 1;
   __syncthreads();
+  FLASHINFER_DECODE_MARK(p, 6, last);
   if (!last) return;
   __threadfence();
   for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
@@ -219,6 +242,7 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
     if (p.lse && d0 == 0) p.lse[decode_lse_index(qr, it.request, p.q_len)] = lse;
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next run (and CUDA-graph replays)
+  FLASHINFER_DECODE_MARK(p, 7, 1);
 }
 
 // Epilogue shared by the decode kernels: kParts partial states per q head (from the CTA's

@@ -89,6 +89,11 @@ struct DecodeParams {
   float rope_scale, rope_theta;
   bool pdl;
   int stages;  // > 0: the plan's pipeline depth (decode_prefers_deep); 0: the launch default
+#ifdef FLASHINFER_DECODE_TRACE
+  // A diagnostic build only (benchmarks/trace_decode.py): per CTA, kDecodeTraceSlots timestamps
+  // (%globaltimer, then clock64) of the tensor-core kernel's stages, or null.
+  unsigned long long* trace = nullptr;
+#endif
 
   FLASHINFER_HOST_DEVICE int64_t kv_len(int64_t b) const {
     if (contiguous_len >= 0) return contiguous_len;

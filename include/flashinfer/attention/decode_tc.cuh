@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
   }
 
   pdl_wait();
+  FLASHINFER_DECODE_MARK(p, 0, 1);
   const int32_t n_items = static_cast<int32_t>(detail::num_items(p));  // (plans hold int32 counts)
   const int32_t stride = gridDim.x;
   const bool paged = p.contiguous_len < 0;
@@ -241,6 +242,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
       prefetch_item(i + stride);
     } while (src.k >= src.hi);
   };
+  FLASHINFER_DECODE_MARK(p, 1, src.hi);
   if (src.item < n_items && src.k >= src.hi) next_src_item();
   Tile pend;
   // The page ids of src's next tile (pg), then src moves on. They are loaded an iteration before
@@ -360,10 +362,21 @@ __global__ void __launch_bounds__(kDecodeThreads,
   int32_t pg[kIters > 2 ? kIters : 2];
   for (int s = 0; s + 1 < stages; ++s) {
     load_next(pg);
+#ifdef FLASHINFER_DECODE_TRACE
+    if (s < 3) FLASHINFER_DECODE_MARK(p, 10 + 2 * s, pg[0]);
+#endif
     issue(s, pg);
+#ifdef FLASHINFER_DECODE_TRACE
+    if (s < 3) FLASHINFER_DECODE_MARK(p, 11 + 2 * s, 1);
+#endif
   }
   load_next(pg);
+  FLASHINFER_DECODE_MARK(p, 2, pg[0]);
   int s_cur = 0;
+#ifdef FLASHINFER_DECODE_TRACE
+  bool traced_first = false;
+  uint32_t traced_items = 0;
+#endif
   for (int32_t item = blockIdx.x; item < n_items; item += stride) {
     // (the item is read again for the epilogue, from L1: its fields stay out of the loop's registers)
     const detail::Item it = detail::get_item<kG>(p, item);
@@ -450,6 +463,10 @@ __global__ void __launch_bounds__(kDecodeThreads,
         cp_async::wait(stages - 1);
         __syncthreads();  // every thread's copies of this stage have landed
       }
+#ifdef FLASHINFER_DECODE_TRACE
+      if (!traced_first) FLASHINFER_DECODE_MARK(p, 3, 1);
+      traced_first = true;
+#endif
       const char* ks_ = smem + s_cur * kStage;
       const char* vs_ = ks_ + kStage / 2;
       const int row0 = warp * 16;  // this warp's 16 keys of the tile
@@ -569,6 +586,10 @@ __global__ void __launch_bounds__(kDecodeThreads,
       __syncthreads();  // the stage (and sp) are rewritten by the next iteration
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
+#ifdef FLASHINFER_DECODE_TRACE
+    FLASHINFER_DECODE_MARK(p, 4, 1);
+    if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 2 * detail::kDecodeTraceSlots + 9] = ++traced_items;
+#endif
     // Per-warp states of the heads to the scratch, then the shared epilogue.
     FLASHINFER_UNROLL
     for (int e = 0; e < 2; ++e) {
@@ -600,6 +621,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
     __syncthreads();
   }
   if constexpr (!kBulk) cp_async::wait(0);  // (empty groups by now)
+  FLASHINFER_DECODE_MARK(p, 8, 1);
   pdl_launch_dependents();
 }
 

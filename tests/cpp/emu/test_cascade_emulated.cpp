@@ -1,10 +1,12 @@
-// The state-merge kernels (cascade.cuh) run on the CPU by cuda_emulator.h: MergeStateKernel in
-// the passes merge_state_passes plans (16-byte vectors and single elements, 1-8 vectors per
-// thread, 128-512 threads, heads of one and of several rounds), out of place and in place (the
-// two-pass case included), with row masks, empty states and strided views; MergeStates'
-// cp.async pipeline at 2-5 stages and its single-element kernel, 0-7 states. The reference is
-// float64 math on the inputs; values must be within one rounding of T of it, LSEs within 1e-5,
-// and bytes outside the outputs (view padding, masked rows) untouched.
+// The state-merge kernels (cascade.cuh) run on the CPU by cuda_emulator.h: MergeStateFlatKernel
+// on packed states (1, 2 or 4 vectors per thread, as the launcher picks it: the first, fifth and
+// tenth cases below and the last three), MergeStateKernel in the passes merge_state_passes plans
+// (16-byte vectors and single elements, 1-8 vectors per thread, 128-512 threads, heads of one
+// and of several rounds), out of place and in place (the two-pass case included), with row
+// masks, empty states and strided views; MergeStates' cp.async pipeline at 2-5 stages and its
+// single-element kernel, 0-7 states. The reference is float64 math on the inputs; values must be
+// within one rounding of T of it, LSEs within 1e-5, and bytes outside the outputs (view padding,
+// masked rows) untouched.
 // Run: ctest -L emu, or tests/cpp/emu/run_emulated.sh cascade.
 #include "cuda_emulator.h"
 // (the emulator first)
@@ -26,6 +28,7 @@ using namespace flashinfer::attention;
 namespace flashinfer {
 namespace attention {
 alignas(16) int64_t lse_at[4096];       // MergeStateKernel's dynamic shared memory
+alignas(16) float flat_lse[4096];       // MergeStateFlatKernel's
 alignas(16) uint4 slots[256 * 1024 / 16];  // MergeStatesPipelinedKernel's
 }  // namespace attention
 }  // namespace flashinfer
@@ -119,10 +122,21 @@ void run_merge_state(const StateCase& c, uint64_t seed) {
   p.seq_len = c.seq, p.num_heads = c.heads, p.head_dim = c.d;
   p.a = p.b = p.out = StateStrides{w.vn, w.vh, c.heads, 1};
   const MergeStatePasses passes = merge_state_passes(p, c.vecs, c.threads);
-  for (int i = 0; i < passes.count; ++i) {  // as MergeState launches them
-    const MergeShape& l = passes.pass[i];
-    emu::launch(merge_state_kernel<T>(passes.vec, l), unsigned(l.blocks), unsigned(l.threads),
-                size_t(merge_state_smem(l)), p, l);
+  // as MergeState launches them: packed states take the flat kernel (here with c.vecs vectors per
+  // thread, where it has that many), the others the tile kernel's passes
+  MergeFlatShape fl;
+  const bool flat = passes.count > 0 && c.vecs <= 4 && merge_flat_shape(p, passes.vec, c.vecs, c.threads, &fl);
+  if (flat) {
+    auto kernel = c.vecs == 1   ? MergeStateFlatKernel<T, 1>
+                  : c.vecs == 2 ? MergeStateFlatKernel<T, 2>
+                                : MergeStateFlatKernel<T, 4>;
+    emu::launch(kernel, unsigned(fl.blocks), unsigned(fl.threads), size_t(fl.rows_per_block) * 4, p, fl);
+  } else {
+    for (int i = 0; i < passes.count; ++i) {
+      const MergeShape& l = passes.pass[i];
+      emu::launch(merge_state_kernel<T>(passes.vec, l), unsigned(l.blocks), unsigned(l.threads),
+                  size_t(merge_state_smem(l)), p, l);
+    }
   }
 
   bool bad = false;
@@ -154,10 +168,10 @@ void run_merge_state(const StateCase& c, uint64_t seed) {
   for (size_t e = 0; e < w.size; ++e)
     if (!inside[e] && tf(out[e]) != tf(sentinel)) bad = true;
   std::printf("merge_state %s seq=%d heads=%d d=%d pad=%d vecs=%d threads=%d in_place=%d mask=%d empty=%d: vec=%d "
-              "passes=%d rounds=%d %s\n",
+              "%s passes=%d rounds=%d %s\n",
               std::is_same<T, __half>::value ? "f16" : "bf16", c.seq, c.heads, c.d, c.pad, c.vecs, c.threads,
-              c.in_place, c.mask, c.empty, passes.vec, passes.count, passes.count ? passes.pass[0].rounds : 0,
-              bad ? "FAIL" : "ok");
+              c.in_place, c.mask, c.empty, passes.vec, flat ? "flat" : "tiles", passes.count,
+              passes.count ? passes.pass[0].rounds : 0, bad ? "FAIL" : "ok");
   if (bad) ++failures;
 }
 
@@ -239,6 +253,9 @@ int main() {
       {2, 3, 202, 0, 1, 128, true, false, true},    // single elements, 4 rounds, in place: two passes
       {3, 3, 128, 3, 1, 128, true, true, false},    // unaligned strides: single elements, two passes
       {6, 5, 8, 0, 1, 128, false, false, true},     // one lane per head
+      {7, 3, 128, 0, 4, 128, true, false, true},    // packed, in place: the flat kernel, 4 vectors per thread
+      {9, 5, 64, 0, 2, 256, false, false, true},    // packed: flat, 2 vectors, a partial last block
+      {1, 1, 256, 0, 1, 512, true, false, false},   // one row-head
   };
   uint64_t seed = 1;
   for (const StateCase& c : state_cases) run_merge_state<__half>(c, seed++);

@@ -1,8 +1,9 @@
 // Launch arithmetic of the state-merge kernels (attention/cascade.h): replaying the kernels'
 // thread -> (row, head, vector) map on the CPU, every (row-head, vector) has exactly one
 // owner and every row-head's LSE exactly one writer, for vectorised and scalar paths and any
-// head_dim (several rounds for wide heads). Also the shape limits, MergeState's passes, the
-// pipeline depth of MergeStates, the 32-bit div_mod and validate().
+// head_dim (several rounds for wide heads), and for the flat kernel of packed states. Also the
+// shape limits, MergeState's passes, the pipeline depth of MergeStates, the 32-bit div_mod and
+// validate().
 #include <cstdint>
 #include <initializer_list>
 #include <random>
@@ -172,6 +173,77 @@ int main() {
     MergeStateParams<uint16_t> empty = params(128, false, 128);
     empty.seq_len = 0;
     CHECK(merge_state_passes(empty, 1, 128).count == 0);
+  }
+
+  // MergeStateFlatKernel (packed states): replaying its thread -> vector map, every vector has
+  // one owner, every row-head's LSE one writer (the thread holding its vector 0), a block's
+  // vectors are whole row-heads, and its LSE stage holds them; strided, masked, misaligned or
+  // non-power-of-two heads take the tile kernel.
+  {
+    alignas(16) static uint16_t fa[1 << 16], fb[1 << 16], fo[1 << 16];
+    alignas(16) static float la[1 << 12], lb[1 << 12], lo[1 << 12];
+    auto packed = [&](int64_t seq, int64_t heads, int64_t d) {
+      MergeStateParams<uint16_t> p{};
+      p.v_a = fa, p.v_b = fb, p.v_out = fo;
+      p.s_a = la, p.s_b = lb, p.s_out = lo;
+      p.seq_len = seq, p.num_heads = heads, p.head_dim = d;
+      p.a = p.b = p.out = StateStrides{heads * d, d, heads, 1};
+      return p;
+    };
+    for (int64_t d : {8, 16, 64, 128, 256}) {
+      for (int64_t seq : {1, 3, 17}) {
+        for (int64_t heads : {1, 2, 32}) {
+          for (int unroll : {1, 2, 4}) {
+            for (int threads : {128, 256, 512}) {
+              MergeFlatShape l;
+              const bool ok = merge_flat_shape(packed(seq, heads, d), true, unroll, threads, &l);
+              CHECK(ok == (d / 8 <= threads));
+              if (!ok) continue;
+              const int64_t hv = d / 8;
+              CHECK(l.row_heads == seq * heads && l.vecs == l.row_heads * hv && (int64_t{1} << l.hv_log2) == hv);
+              CHECK(l.rows_per_block * hv == int64_t{threads} * unroll);
+              std::vector<int> owners(static_cast<size_t>(l.vecs), 0), writers(static_cast<size_t>(l.row_heads), 0);
+              for (int64_t b = 0; b < l.blocks; ++b) {
+                const int64_t f0 = b * threads * unroll, rh0 = f0 >> l.hv_log2;
+                for (int t = 0; t < threads; ++t) {
+                  for (int u = 0; u < unroll; ++u) {
+                    const int64_t f = f0 + int64_t{u} * threads + t;
+                    if (f >= l.vecs) continue;
+                    ++owners[static_cast<size_t>(f)];
+                    const int64_t slot = (f >> l.hv_log2) - rh0;  // its row-head's LSE stage slot
+                    CHECK(slot >= 0 && slot < l.rows_per_block);
+                  }
+                }
+                for (int i = 0; i < l.rows_per_block && rh0 + i < l.row_heads; ++i) ++writers[static_cast<size_t>(rh0 + i)];
+              }
+              bool once = true;
+              for (int c : owners) once = once && c == 1;
+              for (int c : writers) once = once && c == 1;
+              CHECK(once);
+              CHECK(l.blocks == (l.vecs + int64_t{threads} * unroll - 1) / (int64_t{threads} * unroll));
+            }
+          }
+        }
+      }
+    }
+    MergeFlatShape l;
+    CHECK(merge_flat_shape(packed(8192, 32, 128), true, 1, 128, &l) && l.blocks == 32768 && l.rows_per_block == 8);
+    CHECK(!merge_flat_shape(packed(4, 2, 128), false, 1, 128, &l));  // no 16-byte vectors
+    CHECK(!merge_flat_shape(packed(4, 2, 96), true, 1, 128, &l));    // 12 vectors per head
+    CHECK(!merge_flat_shape(packed(4, 2, 4096), true, 1, 128, &l));  // a head wider than a block
+    MergeStateParams<uint16_t> q = packed(4, 2, 128);
+    static const uint8_t mask[4] = {1, 0, 1, 1};
+    q.mask = mask;
+    CHECK(!merge_flat_shape(q, true, 1, 128, &l));  // masked merges
+    q = packed(4, 2, 128);
+    q.b.v_n = 3 * 128;  // b's rows have a gap
+    CHECK(!merge_flat_shape(q, true, 1, 128, &l));
+    q = packed(4, 2, 128);
+    q.out.s_h = 2;  // strided LSEs
+    CHECK(!merge_flat_shape(q, true, 1, 128, &l));
+    q = packed(1, 1, 128);
+    q.a = StateStrides{0, 0, 0, 0};  // size-1 dimensions: their strides do not matter
+    CHECK(merge_flat_shape(q, true, 1, 128, &l) && l.vecs == 16);
   }
 
   // div_mod: exact, on both the 32-bit and the 64-bit branch.
