@@ -40,15 +40,6 @@ FLASHINFER_DEVICE void act_and_mul_store(const Vec<T, kVec>& a, const Vec<T, kVe
   o.store128(out);
 }
 
-// Hides a 16-byte vector's value from the optimizer (an empty volatile asm that "modifies"
-// it): work on it cannot be scheduled before this point.
-template <typename T, int N>
-FLASHINFER_DEVICE void opaque16(Vec<T, N>& v) {
-  static_assert(Vec<T, N>::kIs16B, "16-byte vectors only");
-  uint4& u = *reinterpret_cast<uint4*>(&v);
-  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
-}
-
 constexpr int kMaxActStages = 8;
 
 // Vectorised rows: blocks loop over tiles (row, chunk) with stride gridDim.x; each thread
@@ -159,8 +150,8 @@ __global__ void __launch_bounds__(kActFlatMaxThreads, act_flat_min_blocks(kU))
     for (int u = 0; u < kU; ++u) {
       const int64_t j = j0 + int64_t{u} * nt;
       // convert vector u only after vector u - 1 is stored: fp32 copies of one pair live at a time
-      opaque16(a[u]);
-      opaque16(b[u]);
+      opaque(a[u]);
+      opaque(b[u]);
       if (j < nvec) act_and_mul_store<T, kKind, kVec>(a[u], b[u], out + j * kVec);
     }
   }

@@ -30,16 +30,6 @@ FLASHINFER_DEVICE void load_weight_f32(const WT* p, float* f) {
   }
 }
 
-// Hides a 16-byte vector's value from the optimizer: what is computed from it before this
-// point cannot be reused after it, so the packed 16-bit registers stay live across a
-// reduction instead of their fp32 conversions (twice the registers).
-template <typename T, int N>
-FLASHINFER_DEVICE void opaque(Vec<T, N>& v) {
-  static_assert(Vec<T, N>::kIs16B, "16-byte vectors only");
-  uint4& u = *reinterpret_cast<uint4*>(&v);
-  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
-}
-
 // A 16-byte vector of a streamed row: plain, or ld.global.L1::no_allocate.L2::256B (skip L1,
 // fetch 256-byte L2 blocks).
 template <NormLoad kLoad, typename T, int N>
@@ -270,13 +260,13 @@ __global__ void __launch_bounds__(rows_max_threads(kVecs * kRows))
     for (int r = 0; r < kRows; ++r) {
       FLASHINFER_UNROLL
       for (int i = 0; i < kVecs; ++i) {
-        detail::opaque(xv[r][i]);
-        if constexpr (kFused) detail::opaque(rv[r][i]);
+        opaque(xv[r][i]);
+        if constexpr (kFused) opaque(rv[r][i]);
       }
     }
     if constexpr (kEarlyW) {
       FLASHINFER_UNROLL
-      for (int i = 0; i < kVecs; ++i) detail::opaque(wv[i]);
+      for (int i = 0; i < kVecs; ++i) opaque(wv[i]);
     }
     block_sum(acc, red[0]);
     float mean[kRows], rstd[kRows];

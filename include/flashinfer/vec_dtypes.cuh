@@ -104,6 +104,17 @@ struct alignas(sizeof(T) * N) Vec {
   }
 };
 
+// Hides a 16-byte value from the optimizer (an empty volatile asm that "modifies" its four
+// words): work on it cannot be scheduled before this point. The norm kernels keep the packed
+// 16-bit registers live across a reduction this way instead of their fp32 conversions (twice the
+// registers); the streaming kernels convert vector u only after vector u - 1 is stored.
+FLASHINFER_DEVICE void opaque(uint4& u) { asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w)); }
+template <typename T, int N>
+FLASHINFER_DEVICE void opaque(Vec<T, N>& v) {
+  static_assert(Vec<T, N>::kIs16B, "16-byte vectors only");
+  opaque(*reinterpret_cast<uint4*>(&v));
+}
+
 // 16 bytes at p (16-byte aligned, any memory space; typically shared memory) as one Vec, read
 // with one 16-byte load. Converting through a Vec pointer instead (ptr->to_float) reads every
 // element with its own 16-bit load (LDS.U16 from shared memory: 8 loads, each of 4 wavefronts

@@ -88,17 +88,6 @@ FLASHINFER_DEVICE Pack<T, kE> weighted_sum(float wa, const Pack<T, kE>& a, float
   return o;
 }
 
-// Hides a vector's value from the optimizer, so that its conversion to fp32 is not hoisted above
-// earlier stores (fp32 copies of every vector at once would cost registers).
-template <typename T, int kE>
-FLASHINFER_DEVICE void opaque(Pack<T, kE>& v) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("" : "+r"(v.u.x), "+r"(v.u.y), "+r"(v.u.z), "+r"(v.u.w));
-#else
-  (void)v;
-#endif
-}
-
 }  // namespace detail
 
 // One tile per group (cascade.h's MergeShape); kE elements per vector (8: 16-byte vectors, 1:
@@ -207,8 +196,8 @@ __global__ void __launch_bounds__(kMergeStateMaxThreads, kU <= 1 ? 4 : (kU == 2 
   FLASHINFER_UNROLL
   for (int u = 0; u < kU; ++u) {
     const int64_t f = f0 + int64_t{u} * nt + t;
-    detail::opaque(a[u]);  // convert vector u only after vector u - 1 is stored
-    detail::opaque(b[u]);
+    opaque(a[u].u);  // convert vector u only after vector u - 1 is stored (vec_dtypes.cuh)
+    opaque(b[u].u);
     if (f < l.vecs) {
       const MergeWeights w = merge_weights(sa[u], sb[u]);
       detail::weighted_sum(w.wa, a[u], w.wb, b[u]).store(p.v_out + f * kE);
