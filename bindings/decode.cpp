@@ -5,6 +5,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -425,8 +426,19 @@ nb::tuple plan(nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
   auto merge = numpy_copy(lens.empty() ? dummy.data() : reinterpret_cast<const int32_t*>(pl.merge.data()), {lens.size(), 2});
   int64_t keys = 0;
   for (int64_t len : lens) keys += len > 0 ? len : 0;
+  // FLASHINFER_DECODE_MERGE (read once): "last" always merges in the decode kernel, "kernel" always
+  // in DecodeMergeKernel; unset: decode_merges_in_kernel. CUDA graphs (allow_shape false) keep
+  // the in-kernel merge, whose launch does not depend on the plan.
+  static const int merge_mode = [] {
+    const char* e = std::getenv("FLASHINFER_DECODE_MERGE");
+    if (e && std::strcmp(e, "last") == 0) return 1;
+    if (e && std::strcmp(e, "kernel") == 0) return 2;
+    return 0;
+  }();
+  const bool merge_kernel = allow_shape && pl.any_split &&
+                            (merge_mode == 2 || (merge_mode == 0 && !flashinfer::attention::decode_merges_in_kernel(pl)));
   return nb::make_tuple(items, merge, pl.num_partial_states, pl.any_split, pl.chunk_tokens, sp.slots, sp.stages,
-                        keys);
+                        keys, merge_kernel);
 }
 
 // Keys per chunk, chunk count and pipeline depth for single decode of kv_len keys (the same

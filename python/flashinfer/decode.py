@@ -350,7 +350,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._graph_q_len = q_len
 
         have_f = self._float_workspace_buffer.numel() * self._float_workspace_buffer.element_size()
-        items, merge, n_partial, any_split, _chunk, grid, stages, total_keys = _decode.plan(
+        items, merge, n_partial, any_split, _chunk, grid, stages, total_keys, merge_kernel = _decode.plan(
             np.ascontiguousarray(kv_lens, dtype=np.int64), np.ascontiguousarray(indptr_h[:-1], dtype=np.int64),
             heads, num_kv_heads, head_dim, int(page_size),
             q_name, bool(disable_split_kv), int(fixed_split_size or 0) * int(page_size), self._use_tensor_cores, pos_code,
@@ -409,13 +409,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"float_workspace_buffer is too small: this plan needs {2 * need_f} bytes; got {have_f}")
         max_page = int(indices_h.max()) if indices_h.size else -1
         # Under CUDA graphs the launch shape must not depend on the plan: always the full
-        # persistent grid. Split requests are merged in-kernel by the CTA that finishes last.
+        # persistent grid. Split requests are merged in-kernel by the CTA that finishes last
+        # (otherwise: by a second kernel where the plan says so, scheduler.h decode_merges_in_kernel).
         max_grid = 0 if self._use_cuda_graph else min(int(items.shape[0]), int(grid))
         self._runner = _decode.DecodeRunner(
             self.device.index or 0, q_name, batch, heads, num_kv_heads, head_dim, int(page_size),
             _layout_code(self._kv_layout), pos_code, window_left, sm_scale, soft_cap, rope_scale, rope_theta,
             ptr_indptr, ptr_indices, ptr_last, base + offsets[2], base + offsets[-1], base + offsets[0],
-            base + offsets[1], fws, fws + half, base + offsets[3], False, max_grid, max_page,
+            base + offsets[1], fws, fws + half, 0 if merge_kernel else base + offsets[3], bool(merge_kernel),
+            max_grid, max_page,
             self._use_tensor_cores, 0 if self._use_cuda_graph else int(items.shape[0]), stages,
             0 if self._use_cuda_graph else total_keys, kv_code, q_len)
         self._batch_size = batch

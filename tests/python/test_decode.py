@@ -194,6 +194,49 @@ def test_plan_total_keys():
     assert out[7] == sum(lens)
 
 
+def test_merge_kernel_taken_above_16_chunks():
+    """Requests split into more than 16 chunks are merged by the merge kernel, fewer in-kernel
+    (scheduler.h decode_merges_in_kernel), unless FLASHINFER_DECODE_MERGE forces one; under CUDA
+    graphs (allow_shape False) always in-kernel."""
+    from flashinfer import _decode
+    import numpy as np
+    import os
+
+    def flag(lens, allow_shape=True):
+        pages = [-(-n // 16) for n in lens]
+        begins = np.cumsum([0] + pages[:-1]).astype(np.int64)
+        out = _decode.plan(np.asarray(lens, np.int64), begins, 32, 8, 128, 16, "bfloat16", False, 0, True, 0,
+                           torch.cuda.current_device(), allow_shape, -1, 0)
+        chunks = int(out[1][:, 1].max())
+        return out[8], chunks
+
+    forced = os.environ.get("FLASHINFER_DECODE_MERGE")
+    for lens in ([32768], [4096], [2048] * 64, [20000, 5, 0, 9000]):
+        taken, chunks = flag(lens)
+        expect = {"kernel": chunks > 1, "last": False}.get(forced, chunks > 16)
+        assert taken == expect, (lens, chunks, taken)
+        assert not flag(lens, allow_shape=False)[0]
+
+
+@pytest.mark.parametrize("d,hq,hkv", [(64, 32, 8), (128, 32, 8), (256, 16, 4), (512, 16, 2)])
+@pytest.mark.parametrize("split_pages", [1, 2])
+def test_merge_kernel_many_chunks(d, hq, hkv, split_pages):
+    """fixed_split_size cuts requests into 64-key chunks (129 for the longest) or 128-key ones (65):
+    the merge kernel's slot lanes each fold many slots (several round trips; 2 lanes at head_dim
+    512, 16 at 64), ragged and empty requests mixed in; o and LSE against the float32 reference."""
+    lens = [5000, 1, 0, 777, 2 * 4096 + 3]
+    for use_tc in (True,):  # (fixed_split_size needs the tensor-core kernel)
+        cache, k, v, indptr, indices, last = make_cache(lens, 16, hkv, d, torch.bfloat16, "NHD")
+        ws = torch.empty(256 << 20, dtype=torch.uint8, device=CUDA)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=use_tc)
+        w.plan(torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
+               torch.tensor(last, dtype=torch.int32), hq, hkv, d, 16, q_data_type=torch.bfloat16,
+               fixed_split_size=split_pages * 4)
+        q = torch.randn(len(lens), hq, d, dtype=torch.bfloat16, device=CUDA)
+        o, lse = w.run(q, cache, return_lse=True)
+        check_batch(o, lse, q, (k, v, indptr, indices, last), "NHD")
+
+
 @pytest.mark.parametrize("lens", [[4096] * 24, [2048] * 40, [3000, 5000, 1200, 4096] * 5 + [0]])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_wide_launch_shape(lens, layout):

@@ -369,7 +369,9 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     }));
   }
   if (!launch_merge) return cudaSuccess;
-  return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(l.merge_grid)), dim3(kDecodeThreads), 0,
+  const int64_t rows = p.batch_size * p.num_qo_heads;  // (one CTA per row at a time)
+  const int64_t merge_grid = rows > 0 && rows < l.merge_grid ? rows : l.merge_grid;
+  return launch(DecodeMergeKernel<T, kHeadDim>, dim3(static_cast<unsigned>(merge_grid)), dim3(kDecodeThreads), 0,
                 stream, p.pdl, p);
 }
 

@@ -269,6 +269,22 @@ inline bool decode_prefers_wide(const DecodePlan& dflt, int64_t dflt_slots, cons
   return decode_split_items_per_slot(wide, wide_slots) <= decode_split_items_per_slot(dflt, dflt_slots);
 }
 
+// Who merges the partial states of split requests: the CTA that writes a (request, unit)'s last
+// one (merge_if_last, decode.cuh: no second launch) or DecodeMergeKernel. The in-kernel merge has
+// one CTA's 128 threads for all heads of a unit and reads 16 slots per L2 round trip, so a
+// request of more chunks waits for several dependent round trips; DecodeMergeKernel spreads a
+// row's slots over a CTA (64 per round trip at head_dim 128). Plans whose requests have more
+// than kDecodeInKernelMergeChunks chunks take the kernel. H200, bf16, 32/8 heads x 128, page 16,
+// us (in-kernel -> kernel): 1 x 32768 (47 chunks) 50.7 -> 47.8, 2 x 16384 49.3 -> 47.7; where
+// requests have at most 16 chunks the kernel loses (1 x 4096 17.2 -> 17.7, 16 x 4096 80.7 ->
+// 83.6). FLASHINFER_DECODE_MERGE=last|kernel (bindings) overrides.
+constexpr int32_t kDecodeInKernelMergeChunks = 16;
+inline bool decode_merges_in_kernel(const DecodePlan& plan) {
+  for (const DecodeMergeInfo& m : plan.merge)
+    if (m.num_chunks > kDecodeInKernelMergeChunks) return false;
+  return true;
+}
+
 // kv_lens: keys of each request (0 allowed); page_begins: each request's first page-table
 // entry (indptr[b]), or empty (items then carry 0: a contiguous cache).
 inline DecodePlan plan_decode(const std::vector<int64_t>& kv_lens, const DecodePlanConfig& cfg,

@@ -160,6 +160,30 @@ static void check_tc_min_chunk() {
 // The capped CUDA-core floor never leaves SMs idle that the default floor would have used: a
 // plan with it has at least min(num_sms, items at the default) work items, at any CTAs per SM.
 // (Uncapped, 1 x 4096 got 32 items for 132 SMs and ran 2.3x slower.)
+// Who merges: the plan's requests of more than kDecodeInKernelMergeChunks chunks send the whole
+// launch to DecodeMergeKernel; unsplit and lightly split plans merge in the decode kernel.
+static void check_merge_choice() {
+  DecodePlanConfig cfg;
+  cfg.num_kv_heads = 8, cfg.group_size = 4, cfg.ctas_per_sm = 3, cfg.min_chunk = 512;
+  for (int64_t fixed : {int64_t{64}, int64_t{256}, int64_t{1024}, int64_t{4096}}) {
+    cfg.fixed_split_tokens = fixed;
+    for (const std::vector<int64_t>& lens : {std::vector<int64_t>{32768}, std::vector<int64_t>{4096, 0, 17},
+                                             std::vector<int64_t>{1024, 1024}, std::vector<int64_t>{}}) {
+      const DecodePlan p = plan_decode(lens, cfg);
+      int32_t most = 1;
+      for (const DecodeMergeInfo& m : p.merge) most = std::max(most, m.num_chunks);
+      CHECK(decode_merges_in_kernel(p) == (most <= kDecodeInKernelMergeChunks));
+    }
+  }
+  cfg.fixed_split_tokens = 0;
+  CHECK(decode_merges_in_kernel(plan_decode({4096}, cfg)));                // 8 chunks of 512 keys
+  CHECK(decode_merges_in_kernel(plan_decode(std::vector<int64_t>(64, 2048), cfg)));
+  cfg.fixed_split_tokens = 1024;
+  CHECK(!decode_merges_in_kernel(plan_decode({32768}, cfg)));              // 32 chunks
+  cfg.fixed_split_tokens = 2048;
+  CHECK(decode_merges_in_kernel(plan_decode({32768}, cfg)));               // 16 chunks
+}
+
 static void check_cc_floor_reaches_sms() {
   const std::vector<std::vector<int64_t>> batches = {
       {4096}, {16384}, {32768}, {8192, 8192}, {4096, 4096, 4096, 4096}, std::vector<int64_t>(16, 1024),
@@ -184,6 +208,7 @@ int main() {
   check_decode_query();
   check_tc_min_chunk();
   check_cc_floor_reaches_sms();
+  check_merge_choice();
   std::mt19937 rng(5);
   // The run sort (radix for long lists, std::sort for short): a permutation, longest first.
   for (int it = 0; it < 300; ++it) {
