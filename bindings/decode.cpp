@@ -78,7 +78,7 @@ int64_t min_chunk_knob() {
 
 // The plan and its launch shape. allow_shape (not under CUDA graphs, whose launch shape must
 // not depend on the plan): tensor-core work small enough for decode_prefers_deep plans for one
-// CTA per SM at kDecodeDeepStages; larger tensor-core work is planned for both the default and
+// CTA per SM at kDecodeDeepStages (launched at decode_deep_launch_stages); larger tensor-core work is planned for both the default and
 // the wide shape (kDecodeWideStages, more CTAs per SM) and takes the wide one where
 // decode_prefers_wide says so and its partial states fit in max_partial_states (< 0: no cap).
 // Otherwise the default shape (stages 0). allow_wide = false keeps the default for larger work
@@ -113,8 +113,9 @@ ShapedPlan shaped_plan(const std::vector<int64_t>& lens, const std::vector<int64
     return c;
   };
   if (shaped && decode_prefers_deep(lens, cfg.num_kv_heads, cfg.num_sms, deep_keys)) {
-    const DecodePlanConfig c = at_depth(kDecodeDeepStages);
-    return {plan_decode(lens, c, begins), kDecodeDeepStages, int64_t{c.num_sms} * c.ctas_per_sm};
+    const DecodePlanConfig c = at_depth(kDecodeDeepStages);  // (launched at decode_deep_launch_stages)
+    return {plan_decode(lens, c, begins), decode_deep_launch_stages(head_dim, kv == KVCache::kSameAsQ ? 2 : 1),
+            int64_t{c.num_sms} * c.ctas_per_sm};
   }
   if (min_chunk_knob() <= 0) {
     int64_t keys = 0;

@@ -153,11 +153,11 @@ def test_copy_engines(engine):
 
 
 @pytest.mark.parametrize("knob", ["FLASHINFER_DECODE_DEEP=0", "FLASHINFER_DECODE_DEEP=1000000000",
-                                  "FLASHINFER_DECODE_WIDE=0", "FLASHINFER_DECODE_STAGES=2",
+                                  "FLASHINFER_DECODE_WIDE=0", "FLASHINFER_DECODE_STAGES=2", "FLASHINFER_DECODE_STAGES=4",
                                   "FLASHINFER_DECODE_L2=first", "FLASHINFER_DECODE_L2=normal"])
 def test_plan_depth_and_l2_policy(knob):
     """The tensor-core cases (and the CUDA-graph replay) with the plan-time deep pipeline off or
-    taken by every plan, the wide launch shape off, every launch at two stages, and the box
+    taken by every plan, the wide launch shape off, every launch at two (or four) stages, and the box
     copies' L2 policy forced either way: the defaults pick per call, so each setting must be
     right on every shape. A fresh interpreter per knob."""
     name, value = knob.split("=")

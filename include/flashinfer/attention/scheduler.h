@@ -195,8 +195,22 @@ inline int64_t choose_decode_chunk(const std::vector<int64_t>& kv_lens, int64_t 
 // per SM) 16.8 vs 19.2, single decode 4096 17.3 vs 19.7; at 993 per SM 1 x 16384 31.8 vs
 // 32.9, single 16384 30.5 vs 32.9, 16 x 1024 31.2 vs 32.5, but 8 x 2048 34.3 vs 33.2 and
 // 4 x 4096 31.4 vs 30.8; at 1986 per SM (8 x 4096, 32 x 1024) deep loses 5-12%.
+// The deep plans are planned at kDecodeDeepStages (4 stages of a head_dim 128 fp16 / bf16 CTA
+// leave room for one CTA per SM: its chunks are one SM's share) and launched at
+// decode_deep_launch_stages. At head_dim 128 with fp16 / bf16 caches two stages beat four on the
+// same chunks: the first wave asks for a third of the bytes, so a CTA's first tile lands sooner,
+// and deeper pipelines measured slower here each time (sessions 25-26: 5, 6, 7 stages; 64 CTAs
+// of 512 keys at 4-7 stages 20.5-21.4 us at 1 x 4096). H200, bf16, 32/8 heads x 128, page 16, us
+// (4 / 3 / 2 stages): 1 x 4096 17.6-17.8 / 17.6-17.8 / 16.8, 4 x 1024 17.8-18.0 / 17.2-17.3 /
+// 16.3-17.0, 1 x 8192 22.4-22.6 / 21.4-21.5 / 21.7, 1 x 16384 31.2 / 31.0 / 30.7, 2 x 4096 21.7-22.0
+// / 21.5-21.9 / 21.8; single decode 4096 16.8-17.0 / 17.0-17.2 / 17.1. Other head_dims and fp8
+// caches (not measured) keep 4.
 constexpr int64_t kDecodeDeepKeysPerSM = 1024;
 constexpr int kDecodeDeepStages = 4;
+constexpr int kDecodeDeepLaunchStages = 2;
+inline int decode_deep_launch_stages(int head_dim, int kv_elem_bytes) {
+  return head_dim == 128 && kv_elem_bytes == 2 ? kDecodeDeepLaunchStages : kDecodeDeepStages;
+}
 inline bool decode_prefers_deep(const std::vector<int64_t>& kv_lens, int num_kv_heads, int num_sms,
                                 int64_t keys_per_sm = kDecodeDeepKeysPerSM) {
   int64_t total = 0;

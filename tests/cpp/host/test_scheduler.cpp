@@ -251,6 +251,10 @@ int main() {
   CHECK(decode_prefers_deep({1024, 1024, 1024, 1024}, 8, 132));
   CHECK(!decode_prefers_deep(std::vector<int64_t>(16, 4096), 8, 132));
   CHECK(!decode_prefers_deep({32768}, 8, 132));
+  // ... planned at 4 stages (one CTA per SM), launched at 2 where measured (head_dim 128, 2-byte caches)
+  CHECK(decode_deep_launch_stages(128, 2) == 2);
+  CHECK(decode_deep_launch_stages(128, 1) == kDecodeDeepStages && decode_deep_launch_stages(64, 2) == kDecodeDeepStages);
+  CHECK(decode_deep_launch_stages(256, 2) == kDecodeDeepStages);
   // The wide launch shape (3 CTAs x 2 stages per SM instead of 2 x 3) where its plan gives a CTA
   // no more split items: the measured winners of benchmarks/NOTES.md (Llama-3-8B heads, page 16).
   {
