@@ -78,9 +78,10 @@ int64_t min_chunk_knob() {
 
 // The plan and its launch shape. allow_shape (not under CUDA graphs, whose launch shape must
 // not depend on the plan): tensor-core work small enough for decode_prefers_deep plans for one
-// CTA per SM at kDecodeDeepStages (launched at decode_deep_launch_stages); larger tensor-core work is planned for both the default and
-// the wide shape (kDecodeWideStages, more CTAs per SM) and takes the wide one where
-// decode_prefers_wide says so and its partial states fit in max_partial_states (< 0: no cap).
+// CTA per SM at kDecodeDeepStages (launched at decode_deep_launch_stages); larger tensor-core
+// work is planned for both the default and the wide shape (kDecodeWideStages, more CTAs per SM)
+// and takes the wide one where decode_prefers_wide says so and its partial states fit in
+// max_partial_states (< 0: no cap).
 // Otherwise the default shape (stages 0). allow_wide = false keeps the default for larger work
 // (single decode: 32768 keys measured 49.95 us at the default, 52.1 wide; batch 1 x 32768 alike
 // either way). cfg arrives with ctas_per_sm at the default depth.

@@ -196,8 +196,8 @@ def test_plan_total_keys():
 
 def test_merge_kernel_taken_above_16_chunks():
     """Requests split into more than 16 chunks are merged by the merge kernel, fewer in-kernel
-    (scheduler.h decode_merges_in_kernel), unless FLASHINFER_DECODE_MERGE forces one; under CUDA
-    graphs (allow_shape False) always in-kernel."""
+    (scheduler.h decode_merges_in_kernel; batches of more than 16 requests in-kernel), unless
+    FLASHINFER_DECODE_MERGE forces one; under CUDA graphs (allow_shape False) always in-kernel."""
     from flashinfer import _decode
     import numpy as np
     import os
@@ -211,9 +211,10 @@ def test_merge_kernel_taken_above_16_chunks():
         return out[8], chunks
 
     forced = os.environ.get("FLASHINFER_DECODE_MERGE")
-    for lens in ([32768], [4096], [2048] * 64, [20000, 5, 0, 9000]):
+    for lens in ([32768], [4096], [2048] * 64, [20000, 5, 0, 9000], [5] * 16 + [32768]):
         taken, chunks = flag(lens)
-        expect = {"kernel": chunks > 1, "last": False}.get(forced, chunks > 16)
+        # (batches of more than 16 requests keep the in-kernel merge)
+        expect = {"kernel": chunks > 1, "last": False}.get(forced, chunks > 16 and len(lens) <= 16)
         assert taken == expect, (lens, chunks, taken)
         assert not flag(lens, allow_shape=False)[0]
 

@@ -291,9 +291,14 @@ inline bool decode_prefers_wide(const DecodePlan& dflt, int64_t dflt_slots, cons
 // than kDecodeInKernelMergeChunks chunks take the kernel. H200, bf16, 32/8 heads x 128, page 16,
 // us (in-kernel -> kernel): 1 x 32768 (47 chunks) 50.7 -> 47.8, 2 x 16384 49.3 -> 47.7; where
 // requests have at most 16 chunks the kernel loses (1 x 4096 17.2 -> 17.7, 16 x 4096 80.7 ->
-// 83.6). FLASHINFER_DECODE_MERGE=last|kernel (bindings) overrides.
+// 83.6). FLASHINFER_DECODE_MERGE=last|kernel (bindings) overrides. Batches of more than
+// kDecodeMergeKernelMaxBatch requests keep the in-kernel merge: the kernel's CTAs walk the
+// batch's rows one at a time, each step a dependent load of the row's merge record, which a
+// long request among hundreds of unsplit ones would pay a few dozen times per CTA (not measured).
 constexpr int32_t kDecodeInKernelMergeChunks = 16;
+constexpr size_t kDecodeMergeKernelMaxBatch = 16;
 inline bool decode_merges_in_kernel(const DecodePlan& plan) {
+  if (plan.merge.size() > kDecodeMergeKernelMaxBatch) return true;
   for (const DecodeMergeInfo& m : plan.merge)
     if (m.num_chunks > kDecodeInKernelMergeChunks) return false;
   return true;

@@ -173,6 +173,10 @@ static void check_merge_choice() {
       int32_t most = 1;
       for (const DecodeMergeInfo& m : p.merge) most = std::max(most, m.num_chunks);
       CHECK(decode_merges_in_kernel(p) == (most <= kDecodeInKernelMergeChunks));
+      // more than kDecodeMergeKernelMaxBatch requests: in-kernel whatever the chunk counts
+      std::vector<int64_t> many(kDecodeMergeKernelMaxBatch + 1, 5);
+      many.insert(many.end(), lens.begin(), lens.end());
+      CHECK(decode_merges_in_kernel(plan_decode(many, cfg)));
     }
   }
   cfg.fixed_split_tokens = 0;
@@ -180,6 +184,11 @@ static void check_merge_choice() {
   CHECK(decode_merges_in_kernel(plan_decode(std::vector<int64_t>(64, 2048), cfg)));
   cfg.fixed_split_tokens = 1024;
   CHECK(!decode_merges_in_kernel(plan_decode({32768}, cfg)));              // 32 chunks
+  std::vector<int64_t> sixteen(kDecodeMergeKernelMaxBatch, 5);
+  sixteen[3] = 32768;
+  CHECK(!decode_merges_in_kernel(plan_decode(sixteen, cfg)));              // 16 requests, one of 32 chunks
+  sixteen.push_back(5);
+  CHECK(decode_merges_in_kernel(plan_decode(sixteen, cfg)));               // 17 requests
   cfg.fixed_split_tokens = 2048;
   CHECK(decode_merges_in_kernel(plan_decode({32768}, cfg)));               // 16 chunks
 }
