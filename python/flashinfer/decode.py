@@ -245,6 +245,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
         """K and V with independent strides need no separate kernel here: a no-op."""
 
+    def workspace_size(self, *args, **kwargs) -> int:
+        """Not provided (optional in the API): ``plan`` raises ``ValueError`` naming the bytes it
+        needs when the workspace is too small."""
+        raise NotImplementedError("BatchDecodeWithPagedKVCacheWrapper.workspace_size is not supported")
+
     # -- plan ---------------------------------------------------------------------------------------
     def plan(self, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              page_size: int, *args, pos_encoding_mode: str = "NONE", window_left: int = -1, window_right: int = 0,
@@ -533,8 +538,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
             kv_a = to_dlpack(paged_kv_cache[0], "paged_kv_cache[0]")
             kv_b = to_dlpack(paged_kv_cache[1], "paged_kv_cache[1]")
-        else:
+        elif hasattr(paged_kv_cache, "__dlpack__"):
             kv_a, kv_b = to_dlpack(paged_kv_cache, "paged_kv_cache"), None
+        else:  # (as the torch path: any other type)
+            raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
         if out is None:
             out = fw.empty_like(q)
         if return_lse and lse is None:

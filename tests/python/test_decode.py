@@ -853,6 +853,10 @@ def test_cupy_arrays_in_the_wrapper():
     assert w.run(q_c, cache_c, out=out_c) is out_c
     cupy.cuda.get_current_stream().synchronize()
     assert torch.equal(torch.from_dlpack(out_c), o)
+    with pytest.raises(KeyError, match="unsupported paged_kv_cache type"):  # as with torch q
+        w.run(q_c, object())
+    with pytest.raises(NotImplementedError):  # (optional in the API)
+        w.workspace_size()
 
 
 def test_disable_split_kv_is_batch_invariant():

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Session 27's device calls (benchmarks/NOTES.md, session 27): bash scripts/s27.sh <call>.
+#   early   DecodeMergeKernel launched early (PDL: the decode kernel's CTAs signal
+#           launch_dependents when they start; FLASHINFER_DECODE_EARLY_MERGE=0 restores the
+#           signal at their end), with the merge rule as planned and with every split plan forced
+#           onto the merge kernel (FLASHINFER_DECODE_MERGE=kernel); then the decode tests, as
+#           built and with the merge kernel forced (the switch was temporary: reverted after
+#           the call, the early signal lost 0.3-0.9 us)
+#   copy    the deep plans under the other copy engines and depths (knobs)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+source scripts/sweep_lib.sh
+
+case "${1:-}" in
+  early)
+    build_and_sweep $'late|FLASHINFER_DECODE_EARLY_MERGE=0\nearly|\nlate-kernel|FLASHINFER_DECODE_EARLY_MERGE=0 FLASHINFER_DECODE_MERGE=kernel\nearly-kernel|FLASHINFER_DECODE_MERGE=kernel' \
+      benchmarks/sweeps/s27_early.txt early
+    F="tests/python/test_decode.py tests/python/test_page_decode.py tests/python/test_decode_host.py tests/python/test_cascade_wrappers.py"
+    PYTHONPATH=$PWD/build/devpkg timeout -s INT ${TEST_TIMEOUT:-110} python3 -m pytest -q -n 15 -p no:cacheprovider $F \
+      > "$OUT/pytest-default.txt" 2>&1
+    echo "tests (default): rc $? $(tail -1 "$OUT/pytest-default.txt")"
+    FLASHINFER_DECODE_MERGE=kernel PYTHONPATH=$PWD/build/devpkg timeout -s INT ${TEST_TIMEOUT:-110} python3 -m pytest -q -n 15 \
+      -p no:cacheprovider tests/python/test_decode.py tests/python/test_page_decode.py > "$OUT/pytest-kernel.txt" 2>&1
+    echo "tests (merge kernel forced): rc $? $(tail -1 "$OUT/pytest-kernel.txt")"
+    grep -h "^FAILED\|^ERROR" "$OUT"/pytest-*.txt | head -20
+    ;;
+  copy)
+    # the deep plans (one CTA per SM) under the other copy engines and depths
+    # (FLASHINFER_DECODE_COPY / _STAGES), now that they launch at two stages
+    build_and_sweep $'boxes|\ncpasync|FLASHINFER_DECODE_COPY=cpasync\nrows|FLASHINFER_DECODE_COPY=rows\nboxes-s3|FLASHINFER_DECODE_STAGES=3\ncpasync-s3|FLASHINFER_DECODE_COPY=cpasync FLASHINFER_DECODE_STAGES=3\nrows-s3|FLASHINFER_DECODE_COPY=rows FLASHINFER_DECODE_STAGES=3' \
+      benchmarks/sweeps/s26_deep.txt copy
+    PYTHONPATH=$PWD/build/devpkg timeout -s INT ${TEST_TIMEOUT:-100} python3 -m pytest -q -n 15 -p no:cacheprovider \
+      tests/python/test_decode.py > "$OUT/pytest-decode.txt" 2>&1
+    echo "test_decode.py: rc $? $(tail -1 "$OUT/pytest-decode.txt")"
+    grep -h "^FAILED\|^ERROR" "$OUT/pytest-decode.txt" | head
+    ;;
+  *)
+    echo "usage: bash scripts/s27.sh early|copy" >&2
+    exit 2
+    ;;
+esac
