@@ -7,6 +7,7 @@
 #           built and with the merge kernel forced (the switch was temporary: reverted after
 #           the call, the early signal lost 0.3-0.9 us)
 #   copy    the deep plans under the other copy engines and depths (knobs)
+#   fence   the in-kernel merge's fences (three builds of _decode)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -36,8 +37,16 @@ case "${1:-}" in
     echo "test_decode.py: rc $? $(tail -1 "$OUT/pytest-decode.txt")"
     grep -h "^FAILED\|^ERROR" "$OUT/pytest-decode.txt" | head
     ;;
+  fence)
+    # the in-kernel merge's release / acquire (merge_if_last): every thread's fence.sc (head),
+    # every thread's fence.acq_rel, or thread 0's atom.acq_rel after the CTA barrier (CUTLASS's
+    # pattern); -DFLASHINFER_DECODE_FENCE_AB=1 / 2, a temporary #if
+    VARIANTS=$'head|| \nacqrel|-DFLASHINFER_DECODE_FENCE_AB=1\natom|-DFLASHINFER_DECODE_FENCE_AB=2' MODULES=_decode \
+      CASES=benchmarks/sweeps/s27_fence.txt AB_TIMEOUT=${AB_TIMEOUT:-400} TEST_TIMEOUT=${TEST_TIMEOUT:-70} \
+      TESTS="${TESTS:-2:test_decode.py test_page_decode.py;3:test_decode.py test_page_decode.py}" bash scripts/s24_ab.sh
+    ;;
   *)
-    echo "usage: bash scripts/s27.sh early|copy" >&2
+    echo "usage: bash scripts/s27.sh early|copy|fence" >&2
     exit 2
     ;;
 esac

@@ -30,6 +30,24 @@ FLASHINFER_DEVICE void prefetch_l1(const void* p) {
 #endif
 }
 
+// *p += v at GPU scope with release and acquire semantics (atom.add.acq_rel.gpu); returns the old
+// value. Release is cumulative: writes of other threads of the CTA ordered before the call by a
+// __syncthreads() are visible to whoever acquires *p after this add; acquire, with a
+// __syncthreads() after the call, orders the CTA's later loads after the adds it observed.
+// (Off the GPU, e.g. under the CPU emulator: fence, add, fence.)
+FLASHINFER_DEVICE int atomic_add_acq_rel_gpu(int* p, int v) {
+#if defined(__CUDA_ARCH__)
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+#else
+  __threadfence();
+  const int old = atomicAdd(p, v);
+  __threadfence();
+  return old;
+#endif
+}
+
 namespace warp {
 
 // All 32 lanes must call; every lane receives the sum.

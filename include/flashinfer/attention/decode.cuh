@@ -214,23 +214,25 @@ FLASHINFER_DEVICE void trace_mark(const DecodeParams<T>& p, int e, uint32_t dep)
 
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
 // (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
-// (threadFenceReduction pattern: fence, count, the last one reads everyone's writes). Each
+// (a release / acquire count: the last one to count reads everyone's writes). Each
 // thread merges 4 dims of one head: 4 heads x 128 dims give every one of the 128 threads work.
 template <typename T, int kHeadDim>
 FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng) {
   constexpr int kV = 4;
   constexpr int kTx = kHeadDim / kV;
   __shared__ bool last;
-  __threadfence();
+  // The CTA's partial stores, then one acq_rel add by thread 0 (release: cumulative over the
+  // barrier; acquire: the barrier after it orders every thread's loads of the other partials).
+  // Every thread's fence.sc before the add, and again after it, cost 0.2-0.5 us on the H200 (bf16,
+  // 32/8 x 128: 4 x 1024 16.2 -> 16.0, 1 x 8192 20.9 -> 20.6, 8 x 4096 47.2 -> 46.8).
   __syncthreads();
   const DecodeMergeInfo mi = p.merge[it.request];
   int32_t* counter = p.merge_counters + it.request * int64_t{p.num_kv_heads} * p.sub_groups + it.unit;
   FLASHINFER_DECODE_MARK(p, 5, mi.num_chunks);
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == mi.num_chunks - 1;
+  if (threadIdx.x == 0) last = atomic_add_acq_rel_gpu(counter, 1) == mi.num_chunks - 1;
   __syncthreads();
   FLASHINFER_DECODE_MARK(p, 6, last);
   if (!last) return;
-  __threadfence();
   for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
     const int h = qh0 + w / kTx, d0 = (w % kTx) * kV;
     float o[kV];
