@@ -8,6 +8,7 @@
 #           the call, the early signal lost 0.3-0.9 us)
 #   copy    the deep plans under the other copy engines and depths (knobs)
 #   fence   the in-kernel merge's fences (three builds of _decode)
+#   lean    merge_partials' slot addresses by pointer steps (two builds of _decode)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -45,8 +46,15 @@ case "${1:-}" in
       CASES=benchmarks/sweeps/s27_fence.txt AB_TIMEOUT=${AB_TIMEOUT:-400} TEST_TIMEOUT=${TEST_TIMEOUT:-70} \
       TESTS="${TESTS:-2:test_decode.py test_page_decode.py;3:test_decode.py test_page_decode.py}" bash scripts/s24_ab.sh
     ;;
+  lean)
+    # merge_partials with pointer steps (the tree) against the 64-bit index products per slot
+    # (-DFLASHINFER_DECODE_MERGE_OLD=1, a temporary #if); the decode tests on the tree's build
+    VARIANTS=$'lean|| \nold|-DFLASHINFER_DECODE_MERGE_OLD=1' MODULES=_decode \
+      CASES=benchmarks/sweeps/s27_lean.txt AB_TIMEOUT=${AB_TIMEOUT:-330} TEST_TIMEOUT=${TEST_TIMEOUT:-80} \
+      TESTS="${TESTS:-1:test_decode.py test_page_decode.py test_cascade_wrappers.py}" bash scripts/s24_ab.sh
+    ;;
   *)
-    echo "usage: bash scripts/s27.sh early|copy|fence" >&2
+    echo "usage: bash scripts/s27.sh early|copy|fence|lean" >&2
     exit 2
     ;;
 esac

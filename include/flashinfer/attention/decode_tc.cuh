@@ -97,7 +97,7 @@ FLASHINFER_DEVICE uint32_t fp8x2_to_f16x2(uint32_t v) {
 // engine (sm_80's; unbounded, its head_dim 64 build took 164), the fp8 box engine (left alone
 // ptxas gave it 250 registers, 2 CTAs per SM instead of 4: H200, e4m3, 256 x 1024 156 -> 188 us)
 // and head_dim 64 (at 168 registers, 3 CTAs per SM: 64 x 2048 17% slower). The fp16 / bf16
-// engines at head_dim 128 keep ptxas's choice (145-151; their stages allow 2 CTAs per SM, or 3
+// engines at head_dim 128 keep ptxas's choice (145-161; their stages allow 2 CTAs per SM, or 3
 // at two stages).
 // TKV: the cache element, T, or fp8 with kCopy kCpAsync or kBoxes at decode_tc_takes_fp8 head_dims.
 template <typename T, int kHeadDim, TcCopy kCopy, typename TKV = T>
