@@ -8,10 +8,7 @@
 #   knobs   the deep plans at 2 / 3 stages; the long requests' split under the planner's knobs
 #   big     the larger plans at 2 stages
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-source scripts/sweep_lib.sh
+source "$(dirname "$0")/sweep_lib.sh"
 
 case "${1:-}" in
   merge)

@@ -10,10 +10,7 @@
 #   fence   the in-kernel merge's fences (three builds of _decode)
 #   lean    merge_partials' slot addresses by pointer steps (two builds of _decode)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-source scripts/sweep_lib.sh
+source "$(dirname "$0")/sweep_lib.sh"
 
 case "${1:-}" in
   early)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Shared by the session scripts (scripts/s26.sh, s27.sh): sourced from the repository root with
-# OUT set.
+# Shared by the session scripts (scripts/s26.sh, s27.sh), which source it first: it moves to the
+# repository root and sets OUT (default ./out).
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
 ALL="_cuda _norm _activation _decode _cascade _rope _page _prefill _sampling"
 
 # the package built (all modules), then two rounds of CONFIGS ($1) over CASES ($2), the second in
