@@ -2,9 +2,10 @@
 // by per-thread queues of committed groups of 16- and 8-byte copies. A copy takes the data it
 // reads at issue and lands at the latest legal time, the wait that retires its group, so a slot
 // read before its wait shows up; with emu_cp::eager it lands at once instead, so a slot refilled
-// (or used as scratch) while its data is still needed shows up. Include after cuda_emulator.h and before any flashinfer header: the real
-// header is compiled first into an unused namespace (its #pragma once then keeps the kernels'
-// "../cp_async.cuh" includes from redefining anything), and flashinfer::cp_async is this one.
+// (or used as scratch) while its data is still needed shows up. Include after cuda_emulator.h and
+// before any flashinfer header: the real header is compiled first into an unused namespace (its
+// #pragma once then keeps the kernels' "../cp_async.cuh" includes from redefining anything), and
+// flashinfer::cp_async is this one.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -157,9 +157,6 @@ static void check_tc_min_chunk() {
   CHECK(plan_decode({32768}, cfg).chunk_tokens == 1024);  // 256 items of 1024 keys, not 512 of 512
 }
 
-// The capped CUDA-core floor never leaves SMs idle that the default floor would have used: a
-// plan with it has at least min(num_sms, items at the default) work items, at any CTAs per SM.
-// (Uncapped, 1 x 4096 got 32 items for 132 SMs and ran 2.3x slower.)
 // Who merges: the plan's requests of more than kDecodeInKernelMergeChunks chunks send the whole
 // launch to DecodeMergeKernel; unsplit and lightly split plans merge in the decode kernel.
 static void check_merge_choice() {
@@ -193,6 +190,9 @@ static void check_merge_choice() {
   CHECK(decode_merges_in_kernel(plan_decode({32768}, cfg)));               // 16 chunks
 }
 
+// The capped CUDA-core floor never leaves SMs idle that the default floor would have used: a
+// plan with it has at least min(num_sms, items at the default) work items, at any CTAs per SM.
+// (Uncapped, 1 x 4096 got 32 items for 132 SMs and ran 2.3x slower.)
 static void check_cc_floor_reaches_sms() {
   const std::vector<std::vector<int64_t>> batches = {
       {4096}, {16384}, {32768}, {8192, 8192}, {4096, 4096, 4096, 4096}, std::vector<int64_t>(16, 1024),
