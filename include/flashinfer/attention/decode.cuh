@@ -121,8 +121,13 @@ FLASHINFER_DEVICE Item resolve_item(const DecodeParams<T>& p, int64_t i, const D
     it.hi = min(it.kv_len, int64_t{chunk + 1} * p.implicit_chunk);
   }
   const int32_t unit32 = static_cast<int32_t>(it.unit);
-  it.kv_head = unit32 / p.sub_groups;
-  const int sub = unit32 - it.kv_head * p.sub_groups;
+  int sub = 0;
+  if (p.sub_groups == 1) {  // (the usual case: no division on the way to the first copy)
+    it.kv_head = unit32;
+  } else {
+    it.kv_head = unit32 / p.sub_groups;
+    sub = unit32 - it.kv_head * p.sub_groups;
+  }
   it.qh0 = it.kv_head * p.group_size + sub * kMaxGroup;
   it.ng = min(kMaxGroup, p.group_size - sub * kMaxGroup);
   // keys left of the window of every query (the first token's, with q_len tokens per request)
@@ -175,13 +180,13 @@ FLASHINFER_DEVICE float merge_partials(const float* partial_o, const float* part
     FLASHINFER_UNROLL
     for (int j = 0; j < kBatch; ++j) bm = fmaxf(bm, l[j]);
     if (bm == neg_inf()) continue;  // every state so far is empty
-    const float scale = exp2f(m - bm);  // 0 when m was -inf
+    const float scale = fast_exp2(m - bm);  // 0 when m was -inf
     den *= scale;
     FLASHINFER_UNROLL
     for (int e = 0; e < kV; ++e) o[e] *= scale;
     FLASHINFER_UNROLL
     for (int j = 0; j < kBatch; ++j) {
-      const float w = exp2f(l[j] - bm);  // 0 for empty or missing chunks
+      const float w = fast_exp2(l[j] - bm);  // 0 for empty or missing chunks
       den += w;
       FLASHINFER_UNROLL
       for (int q = 0; q < kV / 4; ++q) {
@@ -193,10 +198,10 @@ FLASHINFER_DEVICE float merge_partials(const float* partial_o, const float* part
     }
     m = bm;
   }
-  const float inv = den > 0.f ? 1.f / den : 0.f;
+  const float inv = den > 0.f ? fast_rcp(den) : 0.f;
   FLASHINFER_UNROLL
   for (int e = 0; e < kV; ++e) o[e] *= inv;
-  return den > 0.f ? m + log2f(den) : neg_inf();
+  return den > 0.f ? m + fast_log2(den) : neg_inf();
 }
 
 #ifdef FLASHINFER_DECODE_TRACE
@@ -220,12 +225,24 @@ FLASHINFER_DEVICE void trace_mark(const DecodeParams<T>& p, int e, uint32_t dep)
 #define FLASHINFER_DECODE_MARK(p, e, dep)
 #endif
 
+// The merge record of an item's request when the item writes a partial state that a CTA of the
+// decode kernel merges (merge_if_last), else {0, 0}. A kernel that loads it when the item starts
+// keeps its latency off the way to the count.
+template <typename T>
+FLASHINFER_DEVICE DecodeMergeInfo merge_info(const DecodeParams<T>& p, const Item& it) {
+  DecodeMergeInfo mi{0, 0};
+  if (it.slot >= 0 && p.merge_counters && p.merge) mi = p.merge[it.request];
+  return mi;
+}
+
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
 // (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
 // (a release / acquire count: the last one to count reads everyone's writes). Each
 // thread merges 4 dims of one head: 4 heads x 128 dims give every one of the 128 threads work.
+// mi: merge_info(p, it).
 template <typename T, int kHeadDim>
-FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng) {
+FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng,
+                                     const DecodeMergeInfo mi) {
   constexpr int kV = 4;
   constexpr int kTx = kHeadDim / kV;
   __shared__ bool last;
@@ -234,7 +251,6 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
   // Every thread's fence.sc before the add, and again after it, cost 0.2-0.5 us on the H200 (bf16,
   // 32/8 x 128: 4 x 1024 16.2 -> 16.0, 1 x 8192 20.9 -> 20.6, 8 x 4096 47.2 -> 46.8).
   __syncthreads();
-  const DecodeMergeInfo mi = p.merge[it.request];
   int32_t* counter = p.merge_counters + it.request * int64_t{p.num_kv_heads} * p.sub_groups + it.unit;
   FLASHINFER_DECODE_MARK(p, 5, mi.num_chunks);
   if (threadIdx.x == 0) last = atomic_add_acq_rel_gpu(counter, 1) == mi.num_chunks - 1;
@@ -258,44 +274,66 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
 
 // Epilogue shared by the decode kernels: kParts partial states per q head (from the CTA's
 // thread groups) sit in shared memory -- so[part][g][kHeadDim] (normalised by nothing: o =
-// sum 2^(s - m) v), sm[part][g] (running max, log2 units), sd[part][g] (denominator) -- and
-// are merged, then written as the final output (slot < 0) or as a partial state for
-// DecodeMergeKernel. The caller synchronizes before and after.
-template <typename T, int kHeadDim, int kParts>
-FLASHINFER_DEVICE void write_merged(const DecodeParams<T>& p, const Item& it, int qh0, int ng, const float* so,
-                                    const float* sm, const float* sd) {
-  constexpr int kTx = kHeadDim / 8;
+// sum 2^(s - m) v; rows 16-byte aligned), sm[part][g] (running max, log2 units), sd[part][g]
+// (denominator) -- and are merged, then written as the final output (slot < 0) or as a partial
+// state for DecodeMergeKernel or merge_if_last (mi: merge_info(p, it)). The caller synchronizes
+// before and after. Each thread takes kV dims of one head: 8, or 4 where 8 would leave threads
+// idle (4 heads x 128 dims: all 128 threads, and half the chain of shared loads and FMAs each;
+// this runs on the way from a split item's last tile to its count).
+template <typename T, int kHeadDim, int kParts, int kV>
+FLASHINFER_DEVICE void write_merged_v(const DecodeParams<T>& p, const Item& it, int qh0, int ng, const float* so,
+                                      const float* sm, const float* sd) {
+  static_assert(kV % 4 == 0, "float4 rows");
+  constexpr int kTx = kHeadDim / kV;
   for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
-    const int g = w / kTx, d0 = (w % kTx) * 8;
+    const int g = w / kTx, d0 = (w % kTx) * kV;
     float m = neg_inf();
+    FLASHINFER_UNROLL
     for (int r = 0; r < kParts; ++r) m = fmaxf(m, sm[r * kDecodeMaxGroup + g]);
-    float den = 0.f, acc[8] = {};
+    float den = 0.f, acc[kV] = {};
     if (m != neg_inf()) {
+      FLASHINFER_UNROLL
       for (int r = 0; r < kParts; ++r) {
-        const float wr = exp2f(sm[r * kDecodeMaxGroup + g] - m);  // 0 for empty parts
+        const float wr = fast_exp2(sm[r * kDecodeMaxGroup + g] - m);  // 0 for empty parts
         den += wr * sd[r * kDecodeMaxGroup + g];
+        const float4* row = reinterpret_cast<const float4*>(so + (r * kDecodeMaxGroup + g) * kHeadDim + d0);
         FLASHINFER_UNROLL
-        for (int e = 0; e < 8; ++e) acc[e] += wr * so[(r * kDecodeMaxGroup + g) * kHeadDim + d0 + e];
+        for (int q = 0; q < kV / 4; ++q) {
+          const float4 v = row[q];
+          acc[4 * q + 0] += wr * v.x;
+          acc[4 * q + 1] += wr * v.y;
+          acc[4 * q + 2] += wr * v.z;
+          acc[4 * q + 3] += wr * v.w;
+        }
       }
     }
-    const float inv = den > 0.f ? 1.f / den : 0.f;
-    const float lse = den > 0.f ? m + log2f(den) : neg_inf();
+    const float inv = den > 0.f ? fast_rcp(den) : 0.f;
+    const float lse = den > 0.f ? m + fast_log2(den) : neg_inf();
     const int h = qh0 + g;
     if (it.slot < 0) {
-      Vec<T, 8> ov;
+      Vec<T, kV> ov;
       FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) ov.v[e] = from_float<T>(acc[e] * inv);
+      for (int e = 0; e < kV; ++e) ov.v[e] = from_float<T>(acc[e] * inv);
       const DecodeQuery qr = decode_query(h, p.num_qo_heads, p.group_size, p.q_len, 0);
       ov.store(p.o + decode_row_offset(qr, it.request, p.q_len, p.o_stride_n, p.o_stride_h) + d0);
       if (p.lse && d0 == 0) p.lse[decode_lse_index(qr, it.request, p.q_len)] = lse;
     } else {
-      float* po = p.partial_o + (it.slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0;
+      float4* po = reinterpret_cast<float4*>(p.partial_o + (it.slot * p.num_qo_heads + h) * int64_t{kHeadDim} + d0);
       FLASHINFER_UNROLL
-      for (int e = 0; e < 8; ++e) po[e] = acc[e] * inv;
+      for (int q = 0; q < kV / 4; ++q)
+        po[q] = make_float4(acc[4 * q] * inv, acc[4 * q + 1] * inv, acc[4 * q + 2] * inv, acc[4 * q + 3] * inv);
       if (d0 == 0) p.partial_lse[it.slot * p.num_qo_heads + h] = lse;
     }
   }
-  if (it.slot >= 0 && p.merge_counters && p.merge) merge_if_last<T, kHeadDim>(p, it, qh0, ng);
+}
+template <typename T, int kHeadDim, int kParts>
+FLASHINFER_DEVICE void write_merged(const DecodeParams<T>& p, const Item& it, int qh0, int ng, const float* so,
+                                    const float* sm, const float* sd, const DecodeMergeInfo mi) {
+  if (ng * (kHeadDim / 8) < static_cast<int>(blockDim.x))
+    write_merged_v<T, kHeadDim, kParts, 4>(p, it, qh0, ng, so, sm, sd);
+  else
+    write_merged_v<T, kHeadDim, kParts, 8>(p, it, qh0, ng, so, sm, sd);
+  if (mi.num_chunks > 0) merge_if_last<T, kHeadDim>(p, it, qh0, ng, mi);
 }
 
 }  // namespace detail
@@ -343,10 +381,10 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeMergeKernel(const Decode
     float w[kLanes], den = 0.f;
     FLASHINFER_UNROLL
     for (int l = 0; l < kLanes; ++l) {
-      w[l] = m == neg_inf() ? 0.f : exp2f(sl[l] - m);  // 0 for empty lanes
+      w[l] = m == neg_inf() ? 0.f : fast_exp2(sl[l] - m);  // 0 for empty lanes
       den += w[l];
     }
-    const float inv = den > 0.f ? 1.f / den : 0.f;
+    const float inv = den > 0.f ? fast_rcp(den) : 0.f;
     const DecodeQuery qr = decode_query(static_cast<int>(h), p.num_qo_heads, p.group_size, p.q_len, 0);
     T* orow = p.o + decode_row_offset(qr, b, p.q_len, p.o_stride_n, p.o_stride_h);
     for (int d = threadIdx.x; d < kHeadDim; d += kDecodeThreads) {
@@ -355,7 +393,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeMergeKernel(const Decode
       for (int l = 0; l < kLanes; ++l) acc += w[l] * so[l][d];
       orow[d] = from_float<T>(acc * inv);
     }
-    if (p.lse && threadIdx.x == 0) p.lse[decode_lse_index(qr, b, p.q_len)] = den > 0.f ? m + log2f(den) : neg_inf();
+    if (p.lse && threadIdx.x == 0) p.lse[decode_lse_index(qr, b, p.q_len)] = den > 0.f ? m + fast_log2(den) : neg_inf();
     __syncthreads();  // so / sl are rewritten by the next row
   }
   pdl_launch_dependents();

@@ -372,6 +372,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
       }
       s_cur = s_cur + 1 == stages ? 0 : s_cur + 1;
     }
+    const DecodeMergeInfo mi = detail::merge_info(p, it);  // (lands while the scratch is written)
     cp_async::wait(0);
     __syncthreads();  // the stage slots become the merge scratch
 
@@ -388,7 +389,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
       }
     }
     __syncthreads();
-    detail::write_merged<T, kHeadDim, kTy>(p, it, qh0, ng, so, sm, sd);
+    detail::write_merged<T, kHeadDim, kTy>(p, it, qh0, ng, so, sm, sd, mi);
     __syncthreads();  // scratch is the next item's stage memory
   }
   pdl_launch_dependents();

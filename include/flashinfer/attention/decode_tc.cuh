@@ -130,10 +130,13 @@ __global__ void __launch_bounds__(kDecodeThreads,
     if constexpr (kBulk) return static_cast<uint32_t>(r * kPitch + c * 16);
     return mma::swizzle_offset<kRowBytes>(r, c);
   };
+  // (an offset from smem_u4, not an integer turned back into a pointer: the compiler then knows
+  // the scratch is shared memory and uses STS / LDS, not generic stores and loads)
   char* smem = reinterpret_cast<char*>(smem_u4);
-  if constexpr (kBoxes)  // (the launch adds kTcBoxAlign bytes of slack)
-    smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem) + (kTcBoxAlign - 1)) &
-                                   ~static_cast<uintptr_t>(kTcBoxAlign - 1));
+  if constexpr (kBoxes) {  // (the launch adds kTcBoxAlign bytes of slack)
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_u4));
+    smem += (kTcBoxAlign - base % kTcBoxAlign) % kTcBoxAlign;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = lane >> 2, tig = lane & 3;  // MMA fragment coordinates
   constexpr int kRowStep = kDecodeThreads / kChunks;  // rows between a thread's copies
@@ -382,6 +385,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
     const detail::Item it = detail::get_item<kG>(p, item);
     const int64_t b = it.request, lo = it.lo, hi = it.hi;
     const int qh0 = it.qh0, ng = it.ng;
+    const DecodeMergeInfo mi = detail::merge_info(p, it);  // (a split item's, loaded now: it lands during the tiles)
     const int32_t num_tiles = hi > lo ? static_cast<int32_t>(ceil_div<int64_t>(hi - lo, kTcTile)) : 0;
     // q as the MMA B operand (k = dims, n = heads): lane (grp, tig) holds head qh0 + grp.
     uint32_t qa[kKSteps][2];
@@ -531,9 +535,9 @@ __global__ void __launch_bounds__(kDecodeThreads,
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
         const float m_new = fmaxf(m[e], tmax);
-        scale[e] = m_new == neg_inf() ? 1.f : exp2f(m[e] - m_new);
+        scale[e] = m_new == neg_inf() ? 1.f : fast_exp2(m[e] - m_new);
         FLASHINFER_UNROLL
-        for (int r = 0; r < 2; ++r) pr[r][e] = m_new == neg_inf() ? 0.f : exp2f(x[r][e] - m_new);
+        for (int r = 0; r < 2; ++r) pr[r][e] = m_new == neg_inf() ? 0.f : fast_exp2(x[r][e] - m_new);
         d[e] = d[e] * scale[e] + pr[0][e] + pr[1][e];
         m[e] = m_new;
       }
@@ -616,7 +620,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
     }
     __syncthreads();
     const detail::Item ite = detail::get_item<kG>(p, item);
-    detail::write_merged<T, kHeadDim, kTcWarps>(p, ite, ite.qh0, ite.ng, so, sm, sd);
+    detail::write_merged<T, kHeadDim, kTcWarps>(p, ite, ite.qh0, ite.ng, so, sm, sd, mi);
     if constexpr (kBulk) bulk::fence_proxy_async();  // the scratch writes precede the stage's refill
     __syncthreads();
   }

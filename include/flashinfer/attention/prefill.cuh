@@ -229,17 +229,6 @@ FLASHINFER_DEVICE void prefill_load_kv_addr_rows(char* dst_k, char* dst_v, const
   }
 }
 
-// 2^x by the special-function unit (ex2.approx.ftz: 2^-inf = 0, ~2 ulp), as the softmax needs.
-FLASHINFER_DEVICE float fast_exp2(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
-}
-
 }  // namespace detail
 
 // A compile-time bool as a value (a generic lambda's template argument).
@@ -599,14 +588,14 @@ __global__ void __launch_bounds__(prefill_kernel_threads(kVO, kWg, kMT, kWsReq))
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[mt][h], mxs[mt][h]);
         const float base = m_new == neg_inf() ? 0.f : m_new;  // nothing seen yet: every p is 0
-        const float alpha = detail::fast_exp2(m[mt][h] - base);
+        const float alpha = fast_exp2(m[mt][h] - base);
         m[mt][h] = m_new;
         float sum = 0.f;
         FLASHINFER_UNROLL
         for (int n = 0; n < kSNT; ++n) {
           FLASHINFER_UNROLL
           for (int e = 0; e < 2; ++e) {
-            const float pv = detail::fast_exp2(fmaf(sc[mt][n][2 * h + e], mul, -base));
+            const float pv = fast_exp2(fmaf(sc[mt][n][2 * h + e], mul, -base));
             sc[mt][n][2 * h + e] = pv;
             sum += pv;
           }

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }  // (never called)
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }  // (its low bits: alignment)
 #define cp_async cp_async_hardware
 #include "flashinfer/cp_async.cuh"
 #undef cp_async
