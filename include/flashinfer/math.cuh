@@ -1,9 +1,11 @@
-// Device math: PDL grid-dependency control, warp and block reductions.
+// Device math: PDL grid-dependency control, warp and block reductions (and, through
+// fast_math.h, the special-function unit's exp2 / log2 / reciprocal).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "config.h"
+#include "fast_math.h"
 
 namespace flashinfer {
 
@@ -45,41 +47,6 @@ FLASHINFER_DEVICE int atomic_add_acq_rel_gpu(int* p, int v) {
   const int old = atomicAdd(p, v);
   __threadfence();
   return old;
-#endif
-}
-
-// Special-function-unit math for softmax weights and state merges, where the accurate
-// library calls cost instructions on latency-bound paths (exp2f wraps MUFU.EX2 in a three-
-// instruction range fix-up, log2f is a polynomial of ~30, 1.f / x an IEEE division with a slow
-// path). Off the GPU (the CPU emulator): the library functions.
-// 2^x (ex2.approx.ftz: 2^-inf = 0, subnormal results flushed, ~2 ulp).
-FLASHINFER_DEVICE float fast_exp2(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
-}
-// log2(x) for x > 0 (lg2.approx.ftz: absolute error ~2^-22 near 1, ~2 ulp elsewhere).
-FLASHINFER_DEVICE float fast_log2(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return log2f(x);
-#endif
-}
-// 1 / x (rcp.approx.ftz: ~1 ulp).
-FLASHINFER_DEVICE float fast_rcp(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return 1.f / x;
 #endif
 }
 

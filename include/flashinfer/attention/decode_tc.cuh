@@ -263,9 +263,10 @@ __global__ void __launch_bounds__(kDecodeThreads,
     if constexpr (kBoxes) {  // lane 0: page id and first entry of the warp's box
       const int32_t k0 = src.k + warp * box_e;
       if (lane == 0 && warp < box_pages && k0 < src.hi) {
-        const int32_t slot = paged ? k0 / page_size : 0;
+        int32_t slot = 0, entry = k0;
+        if (paged) div_pages(k0, page_size, &slot, &entry);  // (a shift: no division per tile)
         pg[0] = paged ? __ldg(src.page_ids + slot) : 0;
-        pg[1] = k0 - slot * page_size;
+        pg[1] = entry;
       }
     } else if constexpr (kCopy == TcCopy::kRows) {
       if (src.bkey < src.hi) {
@@ -295,7 +296,8 @@ __global__ void __launch_bounds__(kDecodeThreads,
       const int32_t t_lo = pend.k;
       if (t_lo >= pend.hi) return;
       if (threadIdx.x == 0) {  // the bytes of the boxes that hold a key of the request
-        const int32_t boxes = min(box_pages, (pend.hi - t_lo + box_e - 1) / box_e);
+        const int32_t left = pend.hi - t_lo;  // (a whole tile: no division)
+        const int32_t boxes = left >= kTcTile ? box_pages : min(box_pages, (left + box_e - 1) / box_e);
         bulk::arrive_expect_tx(&bars[s], static_cast<uint32_t>(boxes * box_e * kRowBytes * 2));
       }
       if (lane == 0 && warp < box_pages && t_lo + warp * box_e < pend.hi) {

@@ -7,25 +7,10 @@
 #include <cmath>
 
 #include "../config.h"
+#include "../fast_math.h"
 
 namespace flashinfer {
 namespace attention {
-
-FLASHINFER_HOST_DEVICE float exp2_(float x) {
-#if defined(__CUDA_ARCH__)
-  return exp2f(x);
-#else
-  return std::exp2(x);
-#endif
-}
-
-FLASHINFER_HOST_DEVICE float log2_(float x) {
-#if defined(__CUDA_ARCH__)
-  return log2f(x);
-#else
-  return std::log2(x);
-#endif
-}
 
 // INFINITY, not std::numeric_limits (a constexpr __host__ function nvcc rejects in device code
 // without --expt-relaxed-constexpr).
@@ -39,9 +24,9 @@ struct MergeWeights {
 FLASHINFER_HOST_DEVICE MergeWeights merge_weights(float lse_a, float lse_b) {
   const float m = lse_a > lse_b ? lse_a : lse_b;
   if (m == neg_inf()) return {0.f, 0.f, neg_inf()};  // both empty
-  const float ea = exp2_(lse_a - m), eb = exp2_(lse_b - m);  // one of them is exactly 1
-  const float sum = ea + eb;
-  return {ea / sum, eb / sum, m + log2_(sum)};
+  const float ea = fast_exp2(lse_a - m), eb = fast_exp2(lse_b - m);  // one of them is exactly 1
+  const float sum = ea + eb, inv = fast_rcp(sum);  // sum in [1, 2]
+  return {ea * inv, eb * inv, m + fast_log2(sum)};
 }
 
 // Merges state b into state a (n values of o), in place.
@@ -67,13 +52,13 @@ struct OnlineSoftmax {
       *p = 0.f;
       return;
     }
-    *scale = exp2_(m - m_new);
-    *p = exp2_(s - m_new);
+    *scale = fast_exp2(m - m_new);
+    *p = fast_exp2(s - m_new);
     d = d * *scale + *p;
     m = m_new;
   }
-  FLASHINFER_HOST_DEVICE float lse() const { return d > 0.f ? m + log2_(d) : neg_inf(); }
-  FLASHINFER_HOST_DEVICE float inv_d() const { return d > 0.f ? 1.f / d : 0.f; }
+  FLASHINFER_HOST_DEVICE float lse() const { return d > 0.f ? m + fast_log2(d) : neg_inf(); }
+  FLASHINFER_HOST_DEVICE float inv_d() const { return d > 0.f ? fast_rcp(d) : 0.f; }
 };
 
 }  // namespace attention

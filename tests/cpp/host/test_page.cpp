@@ -14,8 +14,17 @@ using namespace flashinfer;
 
 int main() {
   std::mt19937 rng(11);
+  // div_pages: the shift-and-mask path (powers of two) and the division path equal / and %.
+  for (int32_t b : {1, 2, 3, 5, 16, 32, 48, 64, 128, 192, 1024}) {
+    for (int32_t a : {0, 1, 15, 16, 17, 63, 64, 65, 1000, 123457, 0x7ffffff0}) {
+      int32_t q = -1, r = -1;
+      div_pages(a, b, &q, &r);
+      CHECK(q == a / b);
+      CHECK(r == a % b);
+    }
+  }
   // PageCursor: the incremental walk equals division at every step.
-  for (int32_t page_size : {1, 2, 5, 7, 8, 16, 64}) {
+  for (int32_t page_size : {1, 2, 5, 7, 8, 16, 64, 192}) {
     for (int32_t step : {1, 3, 8, 16, 64}) {
       for (int32_t start : {0, 1, 4, 15, 1000}) {
         PageCursor c(start, page_size, step);
