@@ -7,6 +7,7 @@
 #           merge's instruction diet, 2059fc6); call 2: ab_old = 2059fc6, OLD_MODULES="_decode
 #           _cascade", CASES=benchmarks/sweeps/s28_diet2.txt (page splits by shifts, state.h's
 #           merge weights on the special-function unit)
+#   fence   the tensor-core loop's per-tile fence.proxy.async dropped (A/B, then the decode tests)
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
@@ -28,8 +29,15 @@ case "${1:-}" in
     echo "decode tests: rc $? $(tail -1 "$OUT/pytest-decode.txt")"
     grep -h "^FAILED\|^ERROR" "$OUT/pytest-decode.txt" | head -20
     ;;
+  fence)
+    # the tensor-core loop without the per-tile fence.proxy.async (the tree) against with it
+    # (-DFLASHINFER_DECODE_TILE_FENCE=1, a temporary #if); the decode tests on the tree's build
+    VARIANTS=$'nofence|| \nfence|-DFLASHINFER_DECODE_TILE_FENCE=1' MODULES=_decode \
+      CASES=benchmarks/sweeps/s28_diet2.txt AB_TIMEOUT=${AB_TIMEOUT:-330} TEST_TIMEOUT=${TEST_TIMEOUT:-100} \
+      TESTS="${TESTS:-1:test_decode.py test_page_decode.py test_cascade_wrappers.py}" bash scripts/s24_ab.sh
+    ;;
   *)
-    echo "usage: bash scripts/s28.sh diet" >&2
+    echo "usage: bash scripts/s28.sh diet|fence" >&2
     exit 2
     ;;
 esac
