@@ -279,7 +279,9 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
 // state for DecodeMergeKernel or merge_if_last (mi: merge_info(p, it)). The caller synchronizes
 // before and after. Each thread takes kV dims of one head: 8, or 4 where 8 would leave threads
 // idle (4 heads x 128 dims: all 128 threads, and half the chain of shared loads and FMAs each;
-// this runs on the way from a split item's last tile to its count).
+// this runs on the way from a split item's last tile to its count). With the special-function
+// unit's exp2 / log2 / reciprocal and merge_info, H200, bf16, 32/8 x 128, page 16, us: 1 x 4096
+// 16.2 -> 15.5, 2 x 4096 20.5 -> 19.5, 1 x 16384 29.8 -> 28.9, 16 x 4096 79.3 -> 78.4.
 template <typename T, int kHeadDim, int kParts, int kV>
 FLASHINFER_DEVICE void write_merged_v(const DecodeParams<T>& p, const Item& it, int qh0, int ng, const float* so,
                                       const float* sm, const float* sd) {
