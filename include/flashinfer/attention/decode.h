@@ -72,7 +72,7 @@ struct DecodeParams {
   int64_t implicit_chunk;       // items == null: keys per chunk of request 0
   int64_t implicit_chunks;      // items == null: number of chunks
   const DecodeMergeInfo* merge;  // [batch] (explicit) or null
-  float* partial_o;    // [slots, num_qo_heads, head_dim]
+  float* partial_o;    // [slots, num_qo_heads, head_dim], 16-byte aligned (float4 stores and loads)
   float* partial_lse;  // [slots, num_qo_heads]
   // [batch, num_kv_heads * sub_groups] zero-initialised counters, or null. When given, the
   // CTA that writes the last partial state of a (request, q-head unit) merges the request's
