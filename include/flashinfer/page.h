@@ -53,32 +53,15 @@ struct PagedKV {
   }
 };
 
-// *q = a / b, *r = a % b for a >= 0, b > 0: a shift and a mask when b is a power of two (page
-// sizes are, in practice), else a 32-bit division (~20 instructions in a kernel).
-FLASHINFER_HOST_DEVICE void div_pages(int32_t a, int32_t b, int32_t* q, int32_t* r) {
-  if ((b & (b - 1)) == 0) {
-#if defined(__CUDA_ARCH__)
-    const int shift = __ffs(b) - 1;
-#else
-    const int shift = __builtin_ctz(static_cast<unsigned>(b));
-#endif
-    *q = a >> shift;
-    *r = a & (b - 1);
-  } else {
-    *q = a / b;
-    *r = a - *q * b;
-  }
-}
-
 // Walks the positions pos, pos + step, pos + 2 step, ... of one request as (page slot, entry)
 // pairs -- slot indexes the request's page list, indices[indptr[b] + slot] -- with one split
-// (div_pages) at the start and none per step. Positions and page sizes fit in 32 bits (the
+// (div_mod) at the start and none per step. Positions and page sizes fit in 32 bits (the
 // decode kernels' key ranges do).
 struct PageCursor {
   int32_t slot, entry, page_size, step_slots, step_entry;
   FLASHINFER_HOST_DEVICE PageCursor(int32_t pos, int32_t page_size_, int32_t step) : page_size(page_size_) {
-    div_pages(pos, page_size_, &slot, &entry);
-    div_pages(step, page_size_, &step_slots, &step_entry);
+    div_mod(pos, page_size_, &slot, &entry);
+    div_mod(step, page_size_, &step_slots, &step_entry);
   }
   FLASHINFER_HOST_DEVICE void advance() {
     slot += step_slots;

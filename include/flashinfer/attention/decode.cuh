@@ -121,13 +121,9 @@ FLASHINFER_DEVICE Item resolve_item(const DecodeParams<T>& p, int64_t i, const D
     it.hi = min(it.kv_len, int64_t{chunk + 1} * p.implicit_chunk);
   }
   const int32_t unit32 = static_cast<int32_t>(it.unit);
-  int sub = 0;
-  if (p.sub_groups == 1) {  // (the usual case: no division on the way to the first copy)
-    it.kv_head = unit32;
-  } else {
-    it.kv_head = unit32 / p.sub_groups;
-    sub = unit32 - it.kv_head * p.sub_groups;
-  }
+  int32_t kv_head, sub;  // (sub-group counts 1, 2, 4: no division on the way to the first copy)
+  div_mod(unit32, p.sub_groups, &kv_head, &sub);
+  it.kv_head = kv_head;
   it.qh0 = it.kv_head * p.group_size + sub * kMaxGroup;
   it.ng = min(kMaxGroup, p.group_size - sub * kMaxGroup);
   // keys left of the window of every query (the first token's, with q_len tokens per request)

@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
           FLASHINFER_UNROLL
           for (int j = 1; j < kKeys; ++j) mx = fmaxf(mx, sa[j * kG + g]);
           if (mx > m[g]) {
-            const float scale = exp2f(m[g] - mx);  // 0 on the first finite score
+            const float scale = fast_exp2(m[g] - mx);  // 0 on the first finite score
             den[g] *= scale;
             FLASHINFER_UNROLL
             for (int e = 0; e < kVec; ++e) o[g][e] *= scale;
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_cc_min_blocks(kHeadDim,
         float mr = m[0];
         FLASHINFER_UNROLL
         for (int g = 1; g < kG; ++g) mr = own_g[r] == g ? m[g] : mr;
-        const float pw = x[r] == neg_inf() ? 0.f : exp2f(x[r] - mr);
+        const float pw = x[r] == neg_inf() ? 0.f : fast_exp2(x[r] - mr);
         if (writer) xp[own0 + r] = pw;
       }
       __syncwarp();

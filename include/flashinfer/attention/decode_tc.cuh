@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
       const int32_t k0 = src.k + warp * box_e;
       if (lane == 0 && warp < box_pages && k0 < src.hi) {
         int32_t slot = 0, entry = k0;
-        if (paged) div_pages(k0, page_size, &slot, &entry);  // (a shift: no division per tile)
+        if (paged) div_mod(k0, page_size, &slot, &entry);  // (a shift: no division per tile)
         pg[0] = paged ? __ldg(src.page_ids + slot) : 0;
         pg[1] = entry;
       }

@@ -14,11 +14,11 @@ using namespace flashinfer;
 
 int main() {
   std::mt19937 rng(11);
-  // div_pages: the shift-and-mask path (powers of two) and the division path equal / and %.
+  // div_mod (config.h): the shift-and-mask path (powers of two) and the division path equal / and %.
   for (int32_t b : {1, 2, 3, 5, 16, 32, 48, 64, 128, 192, 1024}) {
     for (int32_t a : {0, 1, 15, 16, 17, 63, 64, 65, 1000, 123457, 0x7ffffff0}) {
       int32_t q = -1, r = -1;
-      div_pages(a, b, &q, &r);
+      div_mod(a, b, &q, &r);
       CHECK(q == a / b);
       CHECK(r == a % b);
     }
