@@ -6,7 +6,13 @@
 #        shared memory; also "new"'s changes), timed on benchmarks/sweeps/s29_ab.txt, two
 #        rounds; then the decode test files on the "shfl" package (call 1; the switches were
 #        temporary, the tree has none now)
+#   check  scripts/gpu_check.sh without the bench: the build, then the test files of the decode
+#          changes and those session 28 did not reach first, the rest until PYTEST_TIMEOUT (call 2)
+#   rest   on the warm machine of `check` (its installed package): the test files FILES, then
+#          benchmarks/host_overhead.py and the closing bench (benchmarks/final_cases.txt) (call 3)
 set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
 case "${1:-}" in
   ab)
     VARIANTS=$'old|-DFLASHINFER_S29_OLD=1\nnew|| \nshfl|-DFLASHINFER_DECODE_PT_SHFL=1' \
@@ -14,8 +20,31 @@ case "${1:-}" in
       TESTS="${TESTS:-3:test_decode.py test_page_decode.py test_decode_host.py test_cascade_wrappers.py}" \
       bash scripts/s24_ab.sh
     ;;
+  check)
+    PYTEST_FIRST="$(printf 'tests/python/%s ' test_decode.py test_page_decode.py test_decode_host.py \
+      test_cascade_wrappers.py test_cascade.py test_page.py test_validation.py test_topk.py \
+      test_sampling_validation.py test_sampling.py test_sampling_cluster.py test_batch_prefill.py test_prefill.py)" \
+      PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-420} PYTEST_EXTRA="-n 15" FLASHINFER_TEST_NO_CPP=1 SKIP_BENCH=1 \
+      bash scripts/gpu_check.sh
+    ;;
+  rest)
+    mkdir -p "$OUT"
+    if [ -n "${FILES:-}" ]; then
+      timeout -s INT ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 15 -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
+        $FILES > "$OUT/tests.log" 2>&1
+      echo "tests: rc $? $(tail -1 "$OUT/tests.log")"
+      grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
+    fi
+    python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+    timeout ${BENCH_TIMEOUT:-240} python3 -m flashinfer.bench --testlist benchmarks/final_cases.txt \
+      --output-path "$OUT/bench.csv" > "$OUT/bench.txt" 2> "$OUT/bench.err"
+    echo "bench rc $?"
+    cut -c1-160 "$OUT/bench.txt"
+    tail -3 "$OUT/bench.err"
+    cat "$OUT/host.txt"
+    ;;
   *)
-    echo "usage: bash scripts/s29.sh ab" >&2
+    echo "usage: bash scripts/s29.sh ab|check|rest" >&2
     exit 2
     ;;
 esac
