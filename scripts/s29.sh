@@ -43,8 +43,31 @@ case "${1:-}" in
     tail -3 "$OUT/bench.err"
     cat "$OUT/host.txt"
     ;;
+  goals)
+    # a fresh machine: the package built, the decode goal cases (benchmarks/sweeps/s29_goals.txt,
+    # with the PyTorch reference) three times, GPU clocks and temperature before and after, then
+    # the test files FILES until TEST_TIMEOUT (call 4)
+    mkdir -p "$OUT"
+    q() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader; }
+    echo "gpu before: $(q)"
+    t0=$(date +%s)
+    python3 -m pip install --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s"
+    for r in 1 2 3; do
+      python3 -m flashinfer.bench --testlist benchmarks/sweeps/s29_goals.txt > "$OUT/goals$r.txt" 2> "$OUT/goals$r.err"
+      echo "round $r rc $? (gpu: $(q))"
+      cut -c1-150 "$OUT/goals$r.txt" | grep -v "^\s*\[" 
+    done
+    if [ -n "${FILES:-}" ]; then
+      timeout -s INT ${TEST_TIMEOUT:-200} python3 -m pytest -q -n 15 -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
+        $FILES > "$OUT/tests.log" 2>&1
+      echo "tests: rc $? $(tail -1 "$OUT/tests.log")"
+      grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
+    fi
+    echo "gpu after: $(q)"
+    ;;
   *)
-    echo "usage: bash scripts/s29.sh ab|check|rest" >&2
+    echo "usage: bash scripts/s29.sh ab|check|rest|goals" >&2
     exit 2
     ;;
 esac
