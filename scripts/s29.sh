@@ -66,8 +66,27 @@ case "${1:-}" in
     fi
     echo "gpu after: $(q)"
     ;;
+  ids)
+    # the package built once; the box engine's page-id loads with the L2::256B hint (default)
+    # against plain loads (FLASHINFER_DECODE_IDS=plain), two rounds in opposite orders on
+    # benchmarks/sweeps/s29_ids.txt; then the decode test files (call 5)
+    mkdir -p "$OUT"
+    t0=$(date +%s)
+    python3 -m pip install --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s"
+    c=$'l2|\nplain|FLASHINFER_DECODE_IDS=plain'
+    for r in 1 2; do
+      [ $r -eq 2 ] && c="$(printf '%s' "$c" | tac)"
+      TAG=ids$r CONFIGS="$c" CASES=benchmarks/sweeps/s29_ids.txt bash scripts/gpu_sweep.sh > "$OUT/ids$r.txt" 2>&1
+    done
+    python3 scripts/sweep_table.py "$OUT/ids1.txt" "$OUT/ids2.txt"
+    timeout -s INT ${TEST_TIMEOUT:-90} python3 -m pytest -q -n 15 -p no:cacheprovider tests/python/test_decode.py \
+      tests/python/test_page_decode.py > "$OUT/tests.log" 2>&1
+    echo "tests: rc $? $(tail -1 "$OUT/tests.log")"
+    grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
+    ;;
   *)
-    echo "usage: bash scripts/s29.sh ab|check|rest|goals" >&2
+    echo "usage: bash scripts/s29.sh ab|check|rest|goals|ids" >&2
     exit 2
     ;;
 esac
