@@ -24,7 +24,7 @@ sweep2() {
   local rounds=() r c
   for r in 1 2; do
     c="$1"
-    [ $r -eq 2 ] && c="$(printf '%s' "$1" | tac)"
+    [ $r -eq 2 ] && c="$(printf '%s\n' "$1" | tac)"
     TAG=$3$r CONFIGS="$c" CASES=$2 bash scripts/gpu_sweep.sh > "$OUT/$3$r.txt" 2>&1
     rounds+=("$OUT/$3$r.txt")
   done

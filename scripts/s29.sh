@@ -10,6 +10,11 @@
 #          changes and those session 28 did not reach first, the rest until PYTEST_TIMEOUT (call 2)
 #   rest   on the warm machine of `check` (its installed package): the test files FILES, then
 #          benchmarks/host_overhead.py and the closing bench (benchmarks/final_cases.txt) (call 3)
+#   goals  a fresh machine: the decode goal cases three times, then test files (call 4)
+#   ids    the box engine's page-id loads with ld.global.nc.L2::256B against plain ones (call 5;
+#          the hint and its FLASHINFER_DECODE_IDS switch were dropped after it, the tree has
+#          neither now; call 5's second round ran before the tac fix below and timed the hint
+#          twice)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -76,7 +81,7 @@ case "${1:-}" in
     echo "build: $(( $(date +%s) - t0 )) s"
     c=$'l2|\nplain|FLASHINFER_DECODE_IDS=plain'
     for r in 1 2; do
-      [ $r -eq 2 ] && c="$(printf '%s' "$c" | tac)"
+      [ $r -eq 2 ] && c="$(printf '%s\n' "$c" | tac)"
       TAG=ids$r CONFIGS="$c" CASES=benchmarks/sweeps/s29_ids.txt bash scripts/gpu_sweep.sh > "$OUT/ids$r.txt" 2>&1
     done
     python3 scripts/sweep_table.py "$OUT/ids1.txt" "$OUT/ids2.txt"

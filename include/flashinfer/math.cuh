@@ -32,21 +32,6 @@ FLASHINFER_DEVICE void prefetch_l1(const void* p) {
 #endif
 }
 
-// A read-only 32-bit load (as __ldg) that also asks L2 for the aligned 256 bytes around it
-// (ld.global.nc.L2::256B). For lists read a few entries at a time, as the decode loop reads
-// page ids a tile ahead: an L1 miss fetches one 32-byte sector, so every 8 ids would be
-// another DRAM trip under a saturated stream; with the hint the next 64 ids wait in L2. (A
-// plain load off the GPU, e.g. under the CPU emulator.)
-FLASHINFER_DEVICE int32_t ldg_l2_256(const int32_t* p) {
-#if defined(__CUDA_ARCH__)
-  int32_t v;
-  asm("ld.global.nc.L2::256B.s32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-#else
-  return *p;
-#endif
-}
-
 // *p += v at GPU scope with release and acquire semantics (atom.add.acq_rel.gpu); returns the old
 // value. Release is cumulative: writes of other threads of the CTA ordered before the call by a
 // __syncthreads() are visible to whoever acquires *p after this add; acquire, with a

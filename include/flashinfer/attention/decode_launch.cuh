@@ -124,16 +124,6 @@ inline bool decode_tc_l2_evict_first(int64_t batch_size, int64_t kv_bytes) {
   return kv_bytes > 0 ? kv_bytes <= kDecodeL2FirstBytes : batch_size <= kDecodeL2FirstBatch;
 }
 
-// The box engine's page-id loads ask L2 for the 256 bytes around each id (ldg_l2_256):
-// FLASHINFER_DECODE_IDS=plain (read once) loads them without the hint.
-inline bool decode_tc_ids_plain() {
-  static const bool plain = [] {
-    const char* e = std::getenv("FLASHINFER_DECODE_IDS");
-    return e && std::strcmp(e, "plain") == 0;
-  }();
-  return plain;
-}
-
 // fp8 caches on little work take cp.async copies instead of boxes: with half the bytes per tile a
 // CTA runs only a few tiles, and the box path's longer first copy (page id, then one lane's
 // tensor copy and its mbarrier) shows. H200, e4m3, bf16 q, 32/8 x 128, page 16, us (boxes /
@@ -324,7 +314,6 @@ cudaError_t DecodeDispatched(const DecodeParams<T>& p, bool use_tc, bool launch_
     const int64_t keys = p.contiguous_len >= 0 ? p.contiguous_len : p.kv_keys_host;
     const int64_t kv_bytes = keys * p.num_kv_heads * kHeadDim * 2 * (fp8 ? int64_t{1} : int64_t{sizeof(T)});
     maps.l2_evict_first = decode_tc_l2_evict_first(p.batch_size, kv_bytes) ? 1 : 0;
-    maps.ids_plain = decode_tc_ids_plain() ? 1 : 0;
     if (copy == TcCopy::kRows && (fp8 || !decode_tc_bulk_aligned(p))) copy = TcCopy::kCpAsync;
     if (fp8 && copy == TcCopy::kBoxes && decode_fp8_prefers_cp_async(keys, p.num_kv_heads, dev.num_sms))
       copy = TcCopy::kCpAsync;

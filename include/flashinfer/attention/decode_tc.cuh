@@ -76,7 +76,6 @@ struct DecodeTensorMaps {
   CUtensorMap k, v;
   int entry_dim;
   int l2_evict_first;  // nonzero: the boxes' lines are L2 evict-first (see decode_tc_l2_evict_first)
-  int ids_plain;  // nonzero: page ids by plain loads, without the L2::256B hint (decode_tc_ids_plain)
 };
 
 namespace detail {
@@ -266,8 +265,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
       if (lane == 0 && warp < box_pages && k0 < src.hi) {
         int32_t slot = 0, entry = k0;
         if (paged) div_mod(k0, page_size, &slot, &entry);  // (a shift: no division per tile)
-        if (paged) pg[0] = maps.ids_plain ? __ldg(src.page_ids + slot) : ldg_l2_256(src.page_ids + slot);
-        else pg[0] = 0;
+        pg[0] = paged ? __ldg(src.page_ids + slot) : 0;
         pg[1] = entry;
       }
     } else if constexpr (kCopy == TcCopy::kRows) {
