@@ -6,7 +6,8 @@
 # skip parts: the whole suite needs ~470 s at -n 14 on the H200, so within a 600 s call split it
 # (benchmarks/NOTES.md, session 19), or run it alone with PYTEST_FIRST (the files to run first, e.g.
 # those of the kernels that changed; every other tests/python file follows) and PYTEST_TIMEOUT
-# (seconds; pytest is interrupted and still prints its counts): session 20's whole-suite call was
+# (seconds; pytest is interrupted and still prints its counts); the slowest files follow them
+# (SLOW below), then the rest. Session 20's whole-suite call was
 #   PYTEST_FIRST="tests/python/test_batch_prefill.py ..." PYTEST_TIMEOUT=455 PYTEST_EXTRA="-n 15" \
 #     FLASHINFER_TEST_NO_CPP=1 SKIP_BENCH=1 bash scripts/gpu_check.sh
 set -uo pipefail
@@ -31,9 +32,14 @@ build_s=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
 python3 scripts/ptxas_report.py < "$OUT/build.log" > "$OUT/ptxas.txt" 2>&1
 ptxas_rc=$?
 
-if [ -n "${PYTEST_FIRST:-}" ]; then
-  rest=$(ls tests/python/test_*.py | grep -v -x -F "$(printf '%s\n' $PYTEST_FIRST)")
-  export PYTEST_PATHS="$PYTEST_FIRST $(echo $rest)"
+# The files with the longest single tests go right after PYTEST_FIRST: pytest-xdist hands tests
+# out in the order given, and a 100-230 s test that starts late sets the suite's end (session 29:
+# 5560 s of test time over 15 workers, test_sampling's longest 227 s).
+SLOW="tests/python/test_sampling.py tests/python/test_sampling_cluster.py tests/python/test_batch_prefill.py tests/python/test_decode.py"
+if [ -z "${PYTEST_PATHS:-}" ]; then
+  first=$(printf '%s\n' ${PYTEST_FIRST:-} $SLOW | awk '!seen[$0]++')
+  rest=$(ls tests/python/test_*.py | grep -v -x -F "$first")
+  export PYTEST_PATHS="$(echo $first $rest)"
 fi
 echo "== tests"
 FLASHINFER_TEST_NO_DEPS=1 FLASHINFER_TEST_NO_BUILD=1 PYTEST_ARGS="--junitxml=$OUT/pytest.xml ${PYTEST_EXTRA:-}" bash scripts/test.sh > "$OUT/tests.log" 2>&1
