@@ -13,11 +13,12 @@
 #   goals  a fresh machine: the decode goal cases three times, then test files (call 4)
 #   ids    the box engine's page-id loads with ld.global.nc.L2::256B against plain ones (call 5;
 #          the hint and its FLASHINFER_DECODE_IDS switch were dropped after it, the tree has
-#          neither now; call 5's second round ran before the tac fix below and timed the hint
-#          twice)
+#          neither now; call 5 ran its own copy of the two-round loop, whose config reversal lost
+#          a line, so its second round timed the hint twice; it uses sweep_lib.sh's
+#          build_and_sweep now)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
+source "$(dirname "$0")/sweep_lib.sh"
+
 case "${1:-}" in
   ab)
     VARIANTS=$'old|-DFLASHINFER_S29_OLD=1\nnew|| \nshfl|-DFLASHINFER_DECODE_PT_SHFL=1' \
@@ -33,13 +34,7 @@ case "${1:-}" in
       bash scripts/gpu_check.sh
     ;;
   rest)
-    mkdir -p "$OUT"
-    if [ -n "${FILES:-}" ]; then
-      timeout -s INT ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 15 -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
-        $FILES > "$OUT/tests.log" 2>&1
-      echo "tests: rc $? $(tail -1 "$OUT/tests.log")"
-      grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
-    fi
+    [ -n "${FILES:-}" ] && run_tests ${TEST_TIMEOUT:-300} $FILES
     python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
     timeout ${BENCH_TIMEOUT:-240} python3 -m flashinfer.bench --testlist benchmarks/final_cases.txt \
       --output-path "$OUT/bench.csv" > "$OUT/bench.txt" 2> "$OUT/bench.err"
@@ -52,43 +47,24 @@ case "${1:-}" in
     # a fresh machine: the package built, the decode goal cases (benchmarks/sweeps/s29_goals.txt,
     # with the PyTorch reference) three times, GPU clocks and temperature before and after, then
     # the test files FILES until TEST_TIMEOUT (call 4)
-    mkdir -p "$OUT"
     q() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader; }
     echo "gpu before: $(q)"
-    t0=$(date +%s)
-    python3 -m pip install --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-    echo "build: $(( $(date +%s) - t0 )) s"
+    pip_build || exit 1
     for r in 1 2 3; do
       python3 -m flashinfer.bench --testlist benchmarks/sweeps/s29_goals.txt > "$OUT/goals$r.txt" 2> "$OUT/goals$r.err"
       echo "round $r rc $? (gpu: $(q))"
       cut -c1-150 "$OUT/goals$r.txt" | grep -v "^\s*\[" 
     done
-    if [ -n "${FILES:-}" ]; then
-      timeout -s INT ${TEST_TIMEOUT:-200} python3 -m pytest -q -n 15 -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
-        $FILES > "$OUT/tests.log" 2>&1
-      echo "tests: rc $? $(tail -1 "$OUT/tests.log")"
-      grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
-    fi
+    [ -n "${FILES:-}" ] && run_tests ${TEST_TIMEOUT:-200} $FILES
     echo "gpu after: $(q)"
     ;;
   ids)
     # the package built once; the box engine's page-id loads with the L2::256B hint (default)
     # against plain loads (FLASHINFER_DECODE_IDS=plain), two rounds in opposite orders on
     # benchmarks/sweeps/s29_ids.txt; then the decode test files (call 5)
-    mkdir -p "$OUT"
-    t0=$(date +%s)
-    python3 -m pip install --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-    echo "build: $(( $(date +%s) - t0 )) s"
-    c=$'l2|\nplain|FLASHINFER_DECODE_IDS=plain'
-    for r in 1 2; do
-      [ $r -eq 2 ] && c="$(printf '%s\n' "$c" | tac)"
-      TAG=ids$r CONFIGS="$c" CASES=benchmarks/sweeps/s29_ids.txt bash scripts/gpu_sweep.sh > "$OUT/ids$r.txt" 2>&1
-    done
-    python3 scripts/sweep_table.py "$OUT/ids1.txt" "$OUT/ids2.txt"
-    timeout -s INT ${TEST_TIMEOUT:-90} python3 -m pytest -q -n 15 -p no:cacheprovider tests/python/test_decode.py \
-      tests/python/test_page_decode.py > "$OUT/tests.log" 2>&1
-    echo "tests: rc $? $(tail -1 "$OUT/tests.log")"
-    grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
+    pip_build || exit 1
+    NO_BUILD=1 build_and_sweep $'l2|\nplain|FLASHINFER_DECODE_IDS=plain' benchmarks/sweeps/s29_ids.txt ids
+    run_tests ${TEST_TIMEOUT:-90} tests/python/test_decode.py tests/python/test_page_decode.py
     ;;
   *)
     echo "usage: bash scripts/s29.sh ab|check|rest|goals|ids" >&2
