@@ -50,6 +50,7 @@ def main():
         ("torch._C._to_dlpack(x)", lambda: dl(x)),
         ("3 x _to_dlpack", lambda: (dl(x), dl(w), dl(o))),
         ("_cuda.probe_tensors(3 capsules) (import, no launch)", lambda: _cuda.probe_tensors(dl(x), dl(w), dl(o))),
+        ("_cuda.probe_tensors(3 tensors) (exchange table, no launch)", lambda: _cuda.probe_tensors(x, w, o)),
         ("_cuda.probe_ints(3 x data_ptr()) (no launch)",
          lambda: _cuda.probe_ints(x.data_ptr(), w.data_ptr(), o.data_ptr())),
         ("x.data_ptr()", lambda: x.data_ptr()),
@@ -61,6 +62,7 @@ def main():
         ("torch.empty(shape, dtype, device)", lambda: torch.empty((1, 4096), dtype=x.dtype, device=x.device)),
         ("x.new_empty(shape)", lambda: x.new_empty((1, 4096))),
         ("_norm.rmsnorm(3 capsules) direct", lambda: _norm.rmsnorm(dl(x), dl(w), dl(o), 1e-6, s, True)),
+        ("_norm.rmsnorm(3 tensors) direct", lambda: _norm.rmsnorm(x, w, o, 1e-6, s, True)),
         ("rmsnorm(x, w, out=o)", lambda: flashinfer.rmsnorm(x, w, out=o)),
         ("rmsnorm(x, w, out=o, enable_pdl=False)", lambda: flashinfer.rmsnorm(x, w, out=o, enable_pdl=False)),
         ("rmsnorm(x, w)", lambda: flashinfer.rmsnorm(x, w)),
@@ -76,9 +78,41 @@ def main():
             1.0, 4.0, 8192.0, s, None)),
         ("torch F.rms_norm (reference)", lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)),
     ]
+    wrapper, dq, dcache, dout = decode_case()
+    rows += [("decode run(q, cache) 1 x 4096", lambda: wrapper.run(dq, dcache)),
+             ("decode run(q, cache, out=o)", lambda: wrapper.run(dq, dcache, out=dout))]
+    print(f"torch tensors reach the bindings through DLPack's C exchange table: "
+          f"{_cuda.takes_exchange_api(torch.Tensor)}")
     print(f"{'host call':<42} {'median us':>9}")
     for name, fn in rows:
         print(f"{name:<42} {med_us(fn):9.2f}")
+    # The same Python calls with torch tensors exported as capsules first (the route before
+    # the exchange table, and the one without it): an A/B in one process.
+    fw = _ext.framework_of(x)
+    table_route, fw.to_dlpack = fw.to_dlpack, torch._C._to_dlpack
+    print("-- torch tensors as capsules (torch._C._to_dlpack):")
+    for name, fn in rows:
+        if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope")):
+            print(f"{name:<42} {med_us(fn):9.2f}")
+    wrapper._to_dlpack = torch._C._to_dlpack
+    for name, fn in rows:
+        if name.startswith("decode"):
+            print(f"{name:<42} {med_us(fn):9.2f}")
+    fw.to_dlpack = wrapper._to_dlpack = table_route
+
+
+def decode_case():
+    """A planned BatchDecodeWithPagedKVCacheWrapper: 1 request x 4096 keys, 32 / 8 heads x 128,
+    page 16, bf16, tensor cores (the bench's goal shape)."""
+    i32 = dict(dtype=torch.int32, device="cuda")
+    pages = 4096 // 16
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
+                                                      "NHD", use_tensor_cores=True)
+    w.plan(torch.tensor([0, pages], **i32), torch.arange(pages, **i32), torch.tensor([16], **i32), 32, 8, 128, 16,
+           q_data_type=torch.bfloat16)
+    q = torch.randn(1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    cache = torch.randn(pages, 2, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
+    return w, q, cache, torch.empty_like(q)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@
 
 #include "flashinfer/layout.h"
 #include "flashinfer/utils.cuh"
+#include "tensor_arg.h"
 
 namespace flashinfer_bind {
 
 namespace nb = nanobind;
 
-using MutTensor = nb::ndarray<>;
+// Every tensor argument (tensor_arg.h: torch tensors through DLPack's C exchange table).
+using MutTensor = Tensor;
 
 enum class DType { kF16, kBF16, kF32, kI32, kI64, kU8, kOther };
 

@@ -56,6 +56,25 @@ NB_MODULE(_cuda, m) {
                reinterpret_cast<uintptr_t>(c.data());
       },
       "a"_a, "b"_a, "c"_a);
+  // What a binding sees of a tensor argument (tests: the exchange table's path against
+  // nanobind's DLPack import): (data address, shape, strides, (code, bits, lanes), device
+  // type, device id).
+  m.def(
+      "describe_tensor",
+      [](fb::MutTensor t) {
+        nb::list shape, strides;
+        for (size_t i = 0; i < t.ndim(); ++i) {
+          shape.append(static_cast<int64_t>(t.shape(i)));
+          strides.append(t.stride(i));
+        }
+        const auto d = t.dtype();
+        return nb::make_tuple(reinterpret_cast<uintptr_t>(t.data()), nb::tuple(shape), nb::tuple(strides),
+                              nb::make_tuple(int(d.code), int(d.bits), int(d.lanes)), t.device_type(),
+                              t.device_id());
+      },
+      "t"_a);
+  // Whether tensors of this Python type reach the bindings through DLPack's C exchange table.
+  m.def("takes_exchange_api", &fb::takes_exchange_api, "type"_a);
   m.def("probe_ints", [](uintptr_t a, uintptr_t b, uintptr_t c) { return a ^ b ^ c; }, "a"_a, "b"_a, "c"_a);
   m.def("runtime_version", []() {
     int v = 0;

@@ -5,7 +5,10 @@ are looked up in ``sys.modules`` only when a caller passes their tensors.
 
 Cost notes (H200 image, per call): torch's ``x.__dlpack__()`` costs ~2.5 us while
 ``torch._C._to_dlpack(x)`` costs ~0.3 us, and ``torch.cuda.current_stream()`` ~5.8 us while
-``torch._C._cuda_getCurrentRawStream(idx)`` ~0.1 us, so torch tensors take those routes.
+``torch._C._cuda_getCurrentRawStream(idx)`` ~0.1 us, so torch tensors take those routes. Where
+torch publishes DLPack's C exchange table (``torch.Tensor.__dlpack_c_exchange_api__``, torch >=
+2.10) the bindings read torch tensors through it directly (bindings/tensor_arg.h), and torch
+tensors are passed as they are (see :func:`torch_exporter`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, Tuple
 
-__all__ = ["framework_of", "to_dlpack", "Framework", "ArgumentError"]
+__all__ = ["framework_of", "to_dlpack", "torch_exporter", "Framework", "ArgumentError"]
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -61,7 +64,7 @@ class _Torch(Framework):
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
-        self.to_dlpack = torch._C._to_dlpack  # type: ignore[assignment]
+        self.to_dlpack = torch_exporter(torch)  # type: ignore[assignment]
         self._raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self.empty_like = torch.empty_like  # type: ignore[assignment]
 
@@ -148,6 +151,25 @@ class _NumPy(Framework):
         import numpy as np
 
         return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
+def _as_is(x: Any) -> Any:
+    return x
+
+
+_TORCH_EXPORT: Any = None
+
+
+def torch_exporter(torch: Any) -> Callable[[Any], Any]:
+    """What torch tensors go through on their way to a binding: nothing (the tensor itself) when
+    the bindings read torch tensors through DLPack's C exchange table (one C call, tens of ns),
+    else ``torch._C._to_dlpack`` (a capsule, ~0.3 us plus its import). Asked once per process."""
+    global _TORCH_EXPORT
+    if _TORCH_EXPORT is None:
+        from . import _cuda  # (loading it touches no CUDA API)
+
+        _TORCH_EXPORT = _as_is if _cuda.takes_exchange_api(torch.Tensor) else torch._C._to_dlpack
+    return _TORCH_EXPORT
 
 
 _BY_TYPE: Dict[type, Framework] = {}

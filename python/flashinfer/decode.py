@@ -22,7 +22,7 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _decode
-from ._ext import framework_of, to_dlpack
+from ._ext import framework_of, to_dlpack, torch_exporter
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -452,7 +452,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                  non_blocking=non_blocking, block_tables=block_tables, seq_lens=seq_lens,
                                  fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
                                  q_len_per_req=q_len)
-        self._to_dlpack = torch._C._to_dlpack
+        self._to_dlpack = torch_exporter(torch)
         self._tensor_type = torch.Tensor
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._empty_like = torch.empty_like  # ~0.7 us cheaper than q.new_empty(q.shape) (no size tuple)

@@ -50,7 +50,7 @@ import numpy as np
 
 from . import _prefill
 from . import decode as _decode_mod
-from ._ext import framework_of, to_dlpack
+from ._ext import framework_of, to_dlpack, torch_exporter
 from .decode import (_KV_FP8_CODES, BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _dtype_name, _host_ints,
                      _layout_code, _pos_code, _soft_cap, _torch)
 from .page import _split_cache
@@ -736,7 +736,7 @@ class _BatchPrefillBase:
         self._o_cast = self._cached_o_data_type if o_name != q_name else None
         self._rope_pos = None
         self._non_blocking = non_blocking
-        self._to_dlpack = torch._C._to_dlpack
+        self._to_dlpack = torch_exporter(torch)
         self._tensor_type = torch.Tensor
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda index: 0)
         self._dev_index = self.device.index or 0

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Optional, Tuple, Union
 
 from . import _sampling
-from ._ext import framework_of, to_dlpack
+from ._ext import framework_of, to_dlpack, torch_exporter
 
 __all__ = [
     "softmax",
@@ -229,7 +229,7 @@ class _TorchFast:
         self.float32 = torch.float32
         self.int32 = torch.int32
         self.empty = torch.empty
-        self.to_dlpack = torch._C._to_dlpack
+        self.to_dlpack = torch_exporter(torch)
         self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self.torch = torch
         self.gens: dict = {}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 30's device calls (benchmarks/NOTES.md, session 30): bash scripts/s30.sh <call>.
+#   check  the package built; whether torch publishes DLPack's C exchange table and the bindings
+#          take it; benchmarks/host_overhead.py (the table's route against capsules, in one
+#          process); then every test file (the tensor-argument path of every binding changed),
+#          tensor_arg / framework / validation files and the slowest first, until PYTEST_TIMEOUT
+#   rest   on the warm machine of `check`: the test files FILES, then the closing bench
+#          (benchmarks/final_cases.txt, with its host column)
+set -uo pipefail
+source "$(dirname "$0")/sweep_lib.sh"
+
+case "${1:-}" in
+  check)
+    pip_build || exit 1
+    python3 -c "import torch; from flashinfer import _cuda; print('torch', torch.__version__, \
+'table:', hasattr(torch.Tensor, '__dlpack_c_exchange_api__'), hasattr(torch.Tensor, '__c_dlpack_exchange_api__'), \
+'taken:', _cuda.takes_exchange_api(torch.Tensor))"
+    python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+    cat "$OUT/host.txt"
+    first="test_tensor_arg.py test_framework.py test_validation.py test_sampling.py test_sampling_cluster.py
+      test_batch_prefill.py test_decode.py"
+    files=$(printf 'tests/python/%s\n' $first; ls tests/python/test_*.py | grep -v -x -F "$(printf 'tests/python/%s\n' $first)")
+    run_tests ${PYTEST_TIMEOUT:-380} $files
+    ;;
+  rest)
+    [ -n "${FILES:-}" ] && run_tests ${TEST_TIMEOUT:-300} $FILES
+    timeout ${BENCH_TIMEOUT:-240} python3 -m flashinfer.bench --testlist benchmarks/final_cases.txt \
+      --output-path "$OUT/bench.csv" > "$OUT/bench.txt" 2> "$OUT/bench.err"
+    echo "bench rc $?"
+    cut -c1-160 "$OUT/bench.txt"
+    tail -3 "$OUT/bench.err"
+    ;;
+  *)
+    echo "usage: bash scripts/s30.sh check|rest" >&2
+    exit 2
+    ;;
+esac
