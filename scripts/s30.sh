@@ -4,8 +4,8 @@
 #          take it; benchmarks/host_overhead.py (the table's route against capsules, in one
 #          process); then every test file (the tensor-argument path of every binding changed),
 #          tensor_arg / framework / validation files and the slowest first, until PYTEST_TIMEOUT
-#   rest   on the warm machine of `check`: the test files FILES, then the closing bench
-#          (benchmarks/final_cases.txt, with its host column)
+#   rest   the package built unless installed (a warm machine of `check`), the test files FILES,
+#          then the closing bench (benchmarks/final_cases.txt, with its host column)
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
@@ -23,6 +23,7 @@ case "${1:-}" in
     run_tests ${PYTEST_TIMEOUT:-380} $files
     ;;
   rest)
+    python3 -c "import flashinfer" 2>/dev/null || pip_build || exit 1
     [ -n "${FILES:-}" ] && run_tests ${TEST_TIMEOUT:-300} $FILES
     timeout ${BENCH_TIMEOUT:-240} python3 -m flashinfer.bench --testlist benchmarks/final_cases.txt \
       --output-path "$OUT/bench.csv" > "$OUT/bench.txt" 2> "$OUT/bench.err"
