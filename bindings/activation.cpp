@@ -43,7 +43,7 @@ void act_and_mul(const char* op, ActKind kind, MutTensor input, MutTensor out, u
     using T = decltype(tag);
     ActParams<T> p{static_cast<T*>(out.data()), static_cast<const T*>(input.data()), rows, hidden, in_l,
                    out_l, pdl};
-    const cudaError_t err = flashinfer::activation::ActAndMul(p, kind, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::activation::ActAndMul(p, kind, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }

@@ -156,7 +156,7 @@ void merge_state_impl(const char* op, const char* na, const char* nsa, const cha
     p.b = strides_of(v_b, s_b);
     p.out = strides_of(vo, so);
     p.pdl = pdl;
-    const cudaError_t err = flashinfer::attention::MergeState(p, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::attention::MergeState(p, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }
@@ -208,7 +208,7 @@ void merge_states(MutTensor v, MutTensor s, MutTensor v_merged, MutTensor s_merg
     p.v_stride_k = stride_of(v, 1);
     p.s_stride_k = stride_of(s, 1);
     p.pdl = pdl;
-    const cudaError_t err = flashinfer::attention::MergeStates(p, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::attention::MergeStates(p, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }

@@ -277,7 +277,23 @@ inline bool device_supports_pdl(int device) {
   return cc_major[device] >= 9;
 }
 
-inline cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+// The stream a binding launches on, on `device` (the call's, made current by its DeviceGuard):
+// the handle the caller passed, or for kFrameworkStream the current stream of the framework
+// whose tensors the call read through DLPack's C exchange table (tensor_arg.h), asked in one C
+// call (torch: what torch.cuda.current_stream(device) is) instead of a Python-level query.
+inline constexpr uintptr_t kFrameworkStream = ~uintptr_t{0};
+inline cudaStream_t as_stream(uintptr_t s, int device) {
+  if (s != kFrameworkStream) return reinterpret_cast<cudaStream_t>(s);
+  const dlpack_exchange::Api* api = dlpack_exchange::last_api();
+  void* stream = nullptr;
+  constexpr int32_t kDLCUDA = 2;
+  if (!api || !api->current_work_stream || api->current_work_stream(kDLCUDA, device, &stream) != 0) {
+    PyErr_Clear();
+    throw std::runtime_error("flashinfer: the stream argument asks for the framework's current stream, but no "
+                             "tensor of this call came through a framework that can say it");
+  }
+  return static_cast<cudaStream_t>(stream);
+}
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -43,7 +43,10 @@ NB_MODULE(_cuda, m) {
   m.def(
       "launch_empty",
       [](uintptr_t stream, bool pdl, int path) {
-        const cudaError_t err = fb::launch_empty(fb::as_stream(stream), pdl, path);
+        int dev = 0;
+        const cudaError_t dev_err = flashinfer::current_device(&dev);
+        if (dev_err != cudaSuccess) fb::throw_cuda("launch_empty", dev_err);
+        const cudaError_t err = fb::launch_empty(fb::as_stream(stream, dev), pdl, path);
         if (err != cudaSuccess) fb::throw_cuda("launch_empty", err);
       },
       "stream"_a, "pdl"_a = false, "path"_a = 0);
@@ -75,6 +78,15 @@ NB_MODULE(_cuda, m) {
       "t"_a);
   // Whether tensors of this Python type reach the bindings through DLPack's C exchange table.
   m.def("takes_exchange_api", &fb::takes_exchange_api, "type"_a);
+  // The `stream` value that asks for the current stream of the call's framework (common.h), and
+  // the stream a binding taking tensor `t` would launch on for a given `stream` (a test probe).
+  m.attr("FRAMEWORK_STREAM") = fb::kFrameworkStream;
+  m.def(
+      "resolve_stream",
+      [](fb::MutTensor t, uintptr_t stream) {
+        return reinterpret_cast<uintptr_t>(fb::as_stream(stream, t.device_id()));
+      },
+      "t"_a, "stream"_a);
   m.def("probe_ints", [](uintptr_t a, uintptr_t b, uintptr_t c) { return a ^ b ^ c; }, "a"_a, "b"_a, "c"_a);
   m.def("runtime_version", []() {
     int v = 0;

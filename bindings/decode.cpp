@@ -366,7 +366,7 @@ class DecodeRunner {
 #ifdef FLASHINFER_DECODE_TRACE
       p.trace = trace_buffer();
 #endif
-      const cudaError_t err = flashinfer::attention::Decode(p, use_tc_, launch_merge_, max_grid_, fb::as_stream(stream));
+      const cudaError_t err = flashinfer::attention::Decode(p, use_tc_, launch_merge_, max_grid_, fb::as_stream(stream, dev));
       if (err != cudaSuccess) fb::throw_cuda(c.op, err);
     });
   }
@@ -550,7 +550,7 @@ void single_decode(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     p.trace = trace_buffer();
 #endif
     const int64_t n_items = int64_t{hkv} * p.sub_groups * chunks;
-    const cudaError_t err = flashinfer::attention::Decode(p, use_tc, chunks > 1, n_items, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::attention::Decode(p, use_tc, chunks > 1, n_items, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }

@@ -69,7 +69,7 @@ void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, d
     NormParams<T, T> p{static_cast<T*>(out.data()), static_cast<const T*>(input.data()), nullptr,
                        static_cast<const T*>(weight.data()), nullptr, rows, hidden, in_l, out_l,
                        flashinfer::RowLayout{}, static_cast<float>(eps), weight_offset, pdl};
-    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kRMS, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kRMS, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }
@@ -100,7 +100,7 @@ void fused_add_rmsnorm(const char* op, MutTensor input, MutTensor residual, MutT
     T* x = static_cast<T*>(input.data());
     NormParams<T, T> p{x, x, static_cast<T*>(residual.data()), static_cast<const T*>(weight.data()),
                        nullptr, rows, hidden, in_l, in_l, res_l, static_cast<float>(eps), weight_offset, pdl};
-    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kFusedAddRMS, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kFusedAddRMS, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }
@@ -135,7 +135,7 @@ void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, 
                            static_cast<const float*>(gemma.data()), static_cast<const float*>(beta.data()),
                            rows, hidden, in_l, out_l, flashinfer::RowLayout{}, static_cast<float>(eps),
                            0.f, false};
-    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kLayer, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::norm::Norm(p, NormKind::kLayer, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }
@@ -219,7 +219,7 @@ void rmsnorm_quant(const char* op, MutTensor out, MutTensor input, std::optional
                             static_cast<const T*>(weight.data()), nullptr, scale_p, static_cast<float>(scale),
                             rows, hidden, in_l, out_l, res_l, static_cast<float>(eps), static_cast<Fp8Kind>(fp8), pdl};
     const cudaError_t err = flashinfer::norm::NormQuant(
-        p, residual ? NormKind::kFusedAddRMS : NormKind::kRMS, fb::as_stream(stream));
+        p, residual ? NormKind::kFusedAddRMS : NormKind::kRMS, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }
@@ -258,7 +258,7 @@ void layernorm_quant(MutTensor out, MutTensor input, MutTensor gemma, MutTensor 
                                 static_cast<const float*>(gemma.data()), static_cast<const float*>(beta.data()),
                                 scale_p, static_cast<float>(scale), rows, hidden, in_l, out_l,
                                 flashinfer::RowLayout{}, static_cast<float>(eps), static_cast<Fp8Kind>(fp8), false};
-    const cudaError_t err = flashinfer::norm::NormQuant(p, NormKind::kLayer, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::norm::NormQuant(p, NormKind::kLayer, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(op, err);
   });
 }

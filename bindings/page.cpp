@@ -193,7 +193,7 @@ bool append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTens
   if (err.is_valid()) c.cuda_device({{&append_key, "append_key"}, {&err, "err"}});
   if (nnz == 0 || cv.num_heads == 0 || cv.head_dim == 0) return true;
   fb::DeviceGuard guard(op, dev);
-  const cudaStream_t stream = fb::as_stream(stream_id);
+  const cudaStream_t stream = fb::as_stream(stream_id, dev);
   check.begin(op, stream);
   auto run = [&](auto tag) {
     using T = decltype(tag);
@@ -299,7 +299,7 @@ void get_batch_indices_positions(MutTensor append_indptr, MutTensor seq_lens, Mu
       return;
     }
     fb::DeviceGuard guard(op, dev);
-    const cudaError_t e = flashinfer::paged_kv::BatchIndicesPositions(p, fb::as_stream(stream_id));
+    const cudaError_t e = flashinfer::paged_kv::BatchIndicesPositions(p, fb::as_stream(stream_id, dev));
     if (e != cudaSuccess) fb::throw_cuda(op, e);
   };
   if (it == fb::DType::kI32) {

@@ -159,7 +159,7 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
     fill_attention(p, q, k, v, out, lse, mask, ln, hn, hq, hkv, dqk, dvo, causal, window_left, sm_scale, soft_cap, alibi,
                    v_scale, pdl);
     p.qo_len = qo_len, p.kv_len = kv_len;
-    const cudaError_t err = flashinfer::attention::SinglePrefill(p, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::attention::SinglePrefill(p, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }
@@ -353,7 +353,7 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
     }
     const flashinfer::attention::PrefillMergeOut<T> mo =
         split ? split_partials(p, num_chunks, total_q, *o_part, *lse_part) : flashinfer::attention::PrefillMergeOut<T>{};
-    const cudaError_t err = flashinfer::attention::BatchPrefill(p, m_tiles, fb::as_stream(stream), total_q, mo);
+    const cudaError_t err = flashinfer::attention::BatchPrefill(p, m_tiles, fb::as_stream(stream, dev), total_q, mo);
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }
@@ -484,7 +484,7 @@ void mla_run(MutTensor q, std::optional<MutTensor> q_pe, MutTensor ckv, std::opt
     p.num_pages = static_cast<int64_t>(ckv.shape(0));
     const flashinfer::attention::MlaMergeOut<T> mo =
         split ? split_partials(p, num_chunks, total_q, *o_part, *lse_part) : flashinfer::attention::MlaMergeOut<T>{};
-    const cudaError_t err = flashinfer::attention::BatchMla(p, total_q, mo, fb::as_stream(stream));
+    const cudaError_t err = flashinfer::attention::BatchMla(p, total_q, mo, fb::as_stream(stream, dev));
     if (err != cudaSuccess) fb::throw_cuda(c.op, err);
   });
 }

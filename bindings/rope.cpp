@@ -176,7 +176,7 @@ void run(const fb::Checker& c, fb::DType dt, fb::DType idt, const RopeArgs& a, u
   if (err.is_valid()) c.cuda_device({{a.q, a.cache ? "query" : "q"}, {&err, "err"}});
   if (a.qh.nnz == 0 || a.qh.heads + a.kh.heads == 0) return;
   fb::DeviceGuard guard(op, dev);
-  const cudaStream_t stream = fb::as_stream(stream_id);
+  const cudaStream_t stream = fb::as_stream(stream_id, dev);
   check.begin(op, stream);
   fb::with_dtype(op, dt, [&](auto tag) {
     using T = decltype(tag);

@@ -220,7 +220,7 @@ void sampling(const char* op, MutTensor probs, MutTensor out, OptTensor valid, O
     sp.stats = stats ? static_cast<int*>(stats->data()) : nullptr;
     sp.cluster = cluster < -1 ? -1 : cluster;
     sp.pdl = pdl && fb::device_supports_pdl(dev);
-    on_device(op, dev, [&] { return fs::Sampling(sp, fb::as_stream(stream)); });
+    on_device(op, dev, [&] { return fs::Sampling(sp, fb::as_stream(stream, dev)); });
   };
   if (id_type == fb::DType::kI64) {
     run(int64_t{});
@@ -277,7 +277,7 @@ void renorm(const char* op, int kind, MutTensor input, MutTensor out, OptTensor 
     rp.top_k = static_cast<int>(top_k < 0 ? 0 : (top_k > 0x7fffffff ? 0x7fffffff : top_k));
     rp.top_p = static_cast<float>(top_p);
     rp.pdl = pdl && fb::device_supports_pdl(dev);
-    on_device(op, dev, [&] { return fs::Renorm(rp, fb::as_stream(stream)); });
+    on_device(op, dev, [&] { return fs::Renorm(rp, fb::as_stream(stream, dev)); });
   };
   with_value_type(dt, run);
 }
@@ -313,7 +313,7 @@ void softmax(MutTensor logits, MutTensor out, OptTensor temperature_arr, double 
   sp.temperature_arr = temperature_arr ? static_cast<const float*>(temperature_arr->data()) : nullptr;
   sp.temperature = static_cast<float>(temperature);
   sp.pdl = pdl && fb::device_supports_pdl(dev);
-  on_device(op, dev, [&] { return fb::softmax_launch(sp, fb::as_stream(stream)); });
+  on_device(op, dev, [&] { return fb::softmax_launch(sp, fb::as_stream(stream, dev)); });
 }
 
 void sampling_from_logits(MutTensor logits, MutTensor out, OptTensor indices, OptTensor seed_arr, uint64_t seed,
@@ -342,7 +342,7 @@ void sampling_from_logits(MutTensor logits, MutTensor out, OptTensor indices, Op
     lp.out = static_cast<IdT*>(out.data());
     lp.rng = rng;
     lp.pdl = pdl && fb::device_supports_pdl(dev);
-    on_device(op, dev, [&] { return fs::LogitsSampling(lp, fb::as_stream(stream)); });
+    on_device(op, dev, [&] { return fs::LogitsSampling(lp, fb::as_stream(stream, dev)); });
   };
   if (id_type == fb::DType::kI64) {
     run(int64_t{});
@@ -409,7 +409,7 @@ void chain_speculative_sampling(MutTensor draft_probs, MutTensor draft_ids, MutT
   cp.vocab = static_cast<int>(v);
   cp.rng = rng;
   cp.pdl = pdl && fb::device_supports_pdl(dev);
-  on_device(op, dev, [&] { return fb::chain_speculative_launch(cp, fb::as_stream(stream)); });
+  on_device(op, dev, [&] { return fb::chain_speculative_launch(cp, fb::as_stream(stream, dev)); });
 }
 
 // The k largest per row: values [rows, k] (input dtype) and int64 indices [rows, k].
@@ -448,7 +448,7 @@ void top_k(MutTensor input, MutTensor values, MutTensor indices, int64_t k, int 
     tp.k = static_cast<int>(k);
     tp.tie_break = static_cast<fs::TopKTieBreak>(tie_break);
     tp.pdl = pdl && fb::device_supports_pdl(dev);
-    on_device(op, dev, [&] { return fs::TopK(tp, fb::as_stream(stream)); });
+    on_device(op, dev, [&] { return fs::TopK(tp, fb::as_stream(stream, dev)); });
   };
   with_value_type(dt, run);
 }

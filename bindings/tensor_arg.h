@@ -6,7 +6,8 @@
 //
 // Why: torch's `_to_dlpack(x)` plus the capsule's import cost ~0.4 us per tensor, and a decode
 // step makes hundreds of calls of three to eight tensors each. The table's non-owning export is
-// tens of nanoseconds; the ndarray built from it keeps the Python tensor alive as its owner.
+// tens of nanoseconds; the ndarray built from it keeps the Python tensor alive as its owner. The
+// same table answers the framework's current stream (common.h's as_stream, kFrameworkStream).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -37,7 +38,8 @@ struct Api {
   void* managed_tensor_to_py_object_no_sync;
   // Fills *out with a view of py_object valid while py_object lives; 0, or -1 with a Python error.
   int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
-  void* current_work_stream;
+  // The framework's current stream on (device type, device id); 0, or -1 with a Python error.
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
 };
 
 // The table of `tp`, or nullptr: none, an unknown major version, or no non-owning export. Newer
@@ -63,6 +65,13 @@ inline const Api* lookup(PyTypeObject* tp) {
   Py_DECREF(attr);  // (the table itself is static in its library: it outlives the attribute)
   const Api* api = static_cast<const Api*>(p);
   if (!api || api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync) return nullptr;
+  return api;
+}
+
+// The table the last tensor argument was read through (in this module): the one a call's
+// kFrameworkStream asks, since a call's arguments are all converted before its body runs.
+inline const Api*& last_api() {
+  static const Api* api = nullptr;
   return api;
 }
 
@@ -115,6 +124,7 @@ struct type_caster<flashinfer_bind::Tensor> {
       if (const auto* api = flashinfer_bind::dlpack_exchange::api_of(tp)) {
         dlpack::dltensor t;
         if (api->dltensor_from_py_object_no_sync(src.ptr(), &t) == 0) {
+          flashinfer_bind::dlpack_exchange::last_api() = api;
           static_assert(sizeof(size_t) == sizeof(int64_t), "DLPack shapes are read as size_t");
           value = flashinfer_bind::Tensor(ndarray<>(
               t.data, static_cast<size_t>(t.ndim), reinterpret_cast<const size_t*>(t.shape), src, t.strides,

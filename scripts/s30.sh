@@ -4,6 +4,10 @@
 #          take it; benchmarks/host_overhead.py (the table's route against capsules, in one
 #          process); then every test file (the tensor-argument path of every binding changed),
 #          tensor_arg / framework / validation files and the slowest first, until PYTEST_TIMEOUT
+#   stream the package built; host_overhead.py; every test file but test_sampling_cluster (its
+#          binding path is test_sampling's), without test_sampling's eight longest tests
+#          (the 128256 x 512 set-membership draws and the early-accept modes, 40-250 s each),
+#          until PYTEST_TIMEOUT (call 4: the stream asked through the exchange table)
 #   rest   the package built unless installed (a warm machine of `check`), the test files FILES,
 #          then the closing bench (benchmarks/final_cases.txt, with its host column)
 set -uo pipefail
@@ -22,6 +26,20 @@ case "${1:-}" in
     files=$(printf 'tests/python/%s\n' $first; ls tests/python/test_*.py | grep -v -x -F "$(printf 'tests/python/%s\n' $first)")
     run_tests ${PYTEST_TIMEOUT:-380} $files
     ;;
+  stream)
+    pip_build || exit 1
+    python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+    cat "$OUT/host.txt"
+    skip=()
+    for k in top_p top_k min_p joint plain top_k_first; do
+      skip+=(--deselect "tests/python/test_sampling.py::test_draws_stay_in_the_set[$k-128256-512]")
+    done
+    skip+=(--deselect "tests/python/test_sampling.py::test_top_p_early_accept_modes[0]"
+           --deselect "tests/python/test_sampling.py::test_top_p_early_accept_modes[1]")
+    first="test_tensor_arg.py test_framework.py test_decode.py test_sampling.py test_batch_prefill.py"
+    files=$(printf 'tests/python/%s\n' $first; ls tests/python/test_*.py | grep -v -x -F "$(printf 'tests/python/%s\n' $first test_sampling_cluster.py)")
+    run_tests ${PYTEST_TIMEOUT:-300} "${skip[@]}" $files
+    ;;
   rest)
     python3 -c "import flashinfer" 2>/dev/null || pip_build || exit 1
     [ -n "${FILES:-}" ] && run_tests ${TEST_TIMEOUT:-300} $FILES
@@ -32,7 +50,7 @@ case "${1:-}" in
     tail -3 "$OUT/bench.err"
     ;;
   *)
-    echo "usage: bash scripts/s30.sh check|rest" >&2
+    echo "usage: bash scripts/s30.sh check|stream|rest" >&2
     exit 2
     ;;
 esac

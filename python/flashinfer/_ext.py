@@ -7,8 +7,9 @@ Cost notes (H200 image, per call): torch's ``x.__dlpack__()`` costs ~2.5 us whil
 ``torch._C._to_dlpack(x)`` costs ~0.3 us, and ``torch.cuda.current_stream()`` ~5.8 us while
 ``torch._C._cuda_getCurrentRawStream(idx)`` ~0.1 us, so torch tensors take those routes. Where
 torch publishes DLPack's C exchange table (``torch.Tensor.__dlpack_c_exchange_api__``, torch >=
-2.10) the bindings read torch tensors through it directly (bindings/tensor_arg.h), and torch
-tensors are passed as they are (see :func:`torch_exporter`).
+2.10) the bindings read torch tensors through it directly (bindings/tensor_arg.h): torch tensors
+are passed as they are, and the stream argument is ``FRAMEWORK_STREAM``, which the binding
+resolves through the same table (see :func:`torch_exporter`, :func:`torch_stream_source`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, Tuple
 
-__all__ = ["framework_of", "to_dlpack", "torch_exporter", "Framework", "ArgumentError"]
+__all__ = ["framework_of", "to_dlpack", "torch_exporter", "torch_stream_source", "Framework", "ArgumentError"]
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -67,6 +68,8 @@ class _Torch(Framework):
         self.to_dlpack = torch_exporter(torch)  # type: ignore[assignment]
         self._raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self.empty_like = torch.empty_like  # type: ignore[assignment]
+        if self.to_dlpack is _as_is:  # the binding asks torch for the stream itself
+            self.stream = _framework_stream  # type: ignore[method-assign]
 
     def stream(self, x: Any) -> int:
         d = x.get_device()
@@ -157,19 +160,44 @@ def _as_is(x: Any) -> Any:
     return x
 
 
-_TORCH_EXPORT: Any = None
+FRAMEWORK_STREAM = (1 << 64) - 1  # (= _cuda.FRAMEWORK_STREAM, common.h's kFrameworkStream)
+
+
+def _framework_stream(_: Any) -> int:
+    return FRAMEWORK_STREAM
+
+
+def _no_stream(_: Any) -> int:
+    return 0
+
+
+_TORCH_ROUTE: Any = None
+
+
+def _torch_route(torch: Any) -> Tuple[Callable[[Any], Any], Callable[[int], int]]:
+    global _TORCH_ROUTE
+    if _TORCH_ROUTE is None:
+        from . import _cuda  # (loading it touches no CUDA API)
+
+        if _cuda.takes_exchange_api(torch.Tensor):
+            _TORCH_ROUTE = (_as_is, _framework_stream)
+        else:
+            _TORCH_ROUTE = (torch._C._to_dlpack, getattr(torch._C, "_cuda_getCurrentRawStream", None) or _no_stream)
+    return _TORCH_ROUTE
 
 
 def torch_exporter(torch: Any) -> Callable[[Any], Any]:
     """What torch tensors go through on their way to a binding: nothing (the tensor itself) when
     the bindings read torch tensors through DLPack's C exchange table (one C call, tens of ns),
     else ``torch._C._to_dlpack`` (a capsule, ~0.3 us plus its import). Asked once per process."""
-    global _TORCH_EXPORT
-    if _TORCH_EXPORT is None:
-        from . import _cuda  # (loading it touches no CUDA API)
+    return _torch_route(torch)[0]
 
-        _TORCH_EXPORT = _as_is if _cuda.takes_exchange_api(torch.Tensor) else torch._C._to_dlpack
-    return _TORCH_EXPORT
+
+def torch_stream_source(torch: Any) -> Callable[[int], int]:
+    """The ``stream`` argument for torch tensors on device index i: ``FRAMEWORK_STREAM`` (the
+    binding asks torch through the exchange table, in C) with the table, else torch's current
+    raw stream (``torch._C._cuda_getCurrentRawStream(i)``; 0 in a torch without CUDA)."""
+    return _torch_route(torch)[1]
 
 
 _BY_TYPE: Dict[type, Framework] = {}

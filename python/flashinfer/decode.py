@@ -22,7 +22,7 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _decode
-from ._ext import framework_of, to_dlpack, torch_exporter
+from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -454,7 +454,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                  q_len_per_req=q_len)
         self._to_dlpack = torch_exporter(torch)
         self._tensor_type = torch.Tensor
-        self._raw_stream = torch._C._cuda_getCurrentRawStream
+        self._raw_stream = torch_stream_source(torch)
         self._empty_like = torch.empty_like  # ~0.7 us cheaper than q.new_empty(q.shape) (no size tuple)
         self._dev_index = self.device.index or 0
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _prefill
-from ._ext import framework_of, to_dlpack, torch_exporter
+from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
 from .decode import _dtype_name, _host_ints, _torch
 from .prefill import (_LN2, _TILE_ROWS, _BatchPrefillBase, _check_indptr, _check_output,
                       _host_indptrs, _num_sms, _pad_items)
@@ -226,7 +226,7 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillBase):
         self._f32 = torch.float32
         self._to_dlpack = torch_exporter(torch)
         self._tensor_type = torch.Tensor
-        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda index: 0)
+        self._raw_stream = torch_stream_source(torch)
         self._dev_index = self.device.index or 0
         self._planned = True
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from . import _prefill
 from . import decode as _decode_mod
-from ._ext import framework_of, to_dlpack, torch_exporter
+from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
 from .decode import (_KV_FP8_CODES, BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _dtype_name, _host_ints,
                      _layout_code, _pos_code, _soft_cap, _torch)
 from .page import _split_cache
@@ -738,7 +738,7 @@ class _BatchPrefillBase:
         self._non_blocking = non_blocking
         self._to_dlpack = torch_exporter(torch)
         self._tensor_type = torch.Tensor
-        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda index: 0)
+        self._raw_stream = torch_stream_source(torch)
         self._dev_index = self.device.index or 0
         self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
                           rope_scale, rope_theta, opts)

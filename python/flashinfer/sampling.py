@@ -18,7 +18,7 @@ import sys
 from typing import Any, Optional, Tuple, Union
 
 from . import _sampling
-from ._ext import framework_of, to_dlpack, torch_exporter
+from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
 
 __all__ = [
     "softmax",
@@ -230,7 +230,7 @@ class _TorchFast:
         self.int32 = torch.int32
         self.empty = torch.empty
         self.to_dlpack = torch_exporter(torch)
-        self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.raw_stream = torch_stream_source(torch)
         self.torch = torch
         self.gens: dict = {}
 

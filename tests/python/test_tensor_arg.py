@@ -4,11 +4,14 @@ Types that publish DLPack's C exchange table (``__dlpack_c_exchange_api__``: tor
 read through it in one C call; everything else (capsules, NumPy, CuPy, producers without the
 table or with one the bindings do not take) goes through nanobind's DLPack import. Each path must
 describe the tensor exactly as its producer does: address, shape, strides (in elements), dtype,
-device. ``_cuda.describe_tensor`` returns what a binding sees.
+device. ``_cuda.describe_tensor`` returns what a binding sees. The same table gives the framework's
+current stream when a call's ``stream`` is ``FRAMEWORK_STREAM`` (``_cuda.resolve_stream``: the
+stream a binding would launch on).
 
 CPU: torch views of every kind against torch's own metadata and against the capsule path;
 hand-built producers (ctypes) exercise the table's two published forms, a refused export, an
-unknown major version. GPU: the same for CUDA tensors.
+unknown major version, the stream query. GPU: the same for CUDA tensors; the resolved stream is
+torch's current one, on the default stream and under ``torch.cuda.stream``.
 """
 
 from __future__ import annotations
@@ -125,13 +128,14 @@ class _Header(ctypes.Structure):
 
 
 _FROM_PY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(DLTensor))
+_STREAM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
 
 
 class _Api(ctypes.Structure):
     _fields_ = [("header", _Header), ("managed_tensor_allocator", ctypes.c_void_p),
                 ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
                 ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
-                ("dltensor_from_py_object_no_sync", _FROM_PY), ("current_work_stream", ctypes.c_void_p)]
+                ("dltensor_from_py_object_no_sync", _FROM_PY), ("current_work_stream", _STREAM)]
 
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
@@ -157,14 +161,26 @@ def _export(obj, out):
     return 0
 
 
-def _table(major):
+FAKE_STREAM = 0x5150
+
+
+@_STREAM
+def _current_stream(device_type, device_id, out):
+    CALLS.append(("stream", device_type, device_id))
+    out[0] = FAKE_STREAM
+    return 0
+
+
+def _table(major, stream=True):
     api = _Api()
     api.header.version = _Version(major, 3)
     api.dltensor_from_py_object_no_sync = _export
+    if stream:
+        api.current_work_stream = _current_stream
     return api
 
 
-TABLE_V1, TABLE_V2 = _table(1), _table(2)
+TABLE_V1, TABLE_V2, TABLE_NO_STREAM = _table(1), _table(2), _table(1, stream=False)
 
 
 def _producer(form, table):
@@ -216,6 +232,31 @@ def test_an_unknown_major_version_is_not_used():
     assert CALLS == []
 
 
+def test_the_framework_stream_is_asked_through_the_table():
+    assert _cuda.FRAMEWORK_STREAM == _ext.FRAMEWORK_STREAM == 2**64 - 1
+    cls = _producer("capsule", TABLE_V1)
+    CALLS.clear()
+    assert _cuda.resolve_stream(cls("s"), _ext.FRAMEWORK_STREAM) == FAKE_STREAM
+    assert CALLS == ["s", ("stream", K_DL_CUDA, 3)]  # the tensor's device (cuda:3)
+    CALLS.clear()
+    assert _cuda.resolve_stream(cls("raw"), 0x7777) == 0x7777  # a stream handle passes as given
+    assert CALLS == ["raw"]
+
+
+def test_a_table_without_a_stream_query_raises():
+    cls = _producer("capsule", TABLE_NO_STREAM)
+    with pytest.raises(RuntimeError, match="framework's current stream"):
+        _cuda.resolve_stream(cls("n"), _ext.FRAMEWORK_STREAM)
+
+
+def test_torch_stream_source_matches_the_route():
+    torch = pytest.importorskip("torch")
+    source = _ext.torch_stream_source(torch)
+    if _cuda.takes_exchange_api(torch.Tensor):
+        assert source(0) == _ext.FRAMEWORK_STREAM
+        assert _ext.framework_of(torch.zeros(1)).stream(torch.zeros(1)) == _ext.FRAMEWORK_STREAM
+
+
 # --- GPU -------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -225,3 +266,17 @@ def test_torch_tensors_are_described_exactly_on_the_gpu():
     check_torch_views("cuda", K_DL_CUDA)
     if torch.cuda.device_count() > 1:
         check_torch_views("cuda:1", K_DL_CUDA)
+
+
+@pytest.mark.gpu
+def test_the_framework_stream_is_torchs_current_stream():
+    import torch
+
+    x = torch.zeros(4, device="cuda")
+    f = _ext.FRAMEWORK_STREAM
+    assert _cuda.resolve_stream(x, f) == torch.cuda.current_stream().cuda_stream
+    s = torch.cuda.Stream()
+    assert s.cuda_stream != torch.cuda.current_stream().cuda_stream
+    with torch.cuda.stream(s):
+        assert _cuda.resolve_stream(x, f) == s.cuda_stream
+    assert _cuda.resolve_stream(x, f) == torch.cuda.current_stream().cuda_stream
