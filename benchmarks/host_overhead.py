@@ -86,19 +86,25 @@ def main():
     print(f"{'host call':<42} {'median us':>9}")
     for name, fn in rows:
         print(f"{name:<42} {med_us(fn):9.2f}")
-    # The same Python calls with torch tensors exported as capsules first (the route before
-    # the exchange table, and the one without it): an A/B in one process.
+    # The same Python calls with torch tensors exported as capsules first and the stream asked
+    # in Python (the route before the exchange table, and the one without it): an A/B in one
+    # process.
     fw = _ext.framework_of(x)
-    table_route, fw.to_dlpack = fw.to_dlpack, torch._C._to_dlpack
-    print("-- torch tensors as capsules (torch._C._to_dlpack):")
+    table_route, table_stream = fw.to_dlpack, fw.__dict__.pop("stream", None)  # (the class's query)
+    fw.to_dlpack = torch._C._to_dlpack
+    print("-- torch tensors as capsules (torch._C._to_dlpack), the stream from _cuda_getCurrentRawStream:")
     for name, fn in rows:
         if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope")):
             print(f"{name:<42} {med_us(fn):9.2f}")
-    wrapper._to_dlpack = torch._C._to_dlpack
+    table_raw, wrapper._to_dlpack, wrapper._raw_stream = wrapper._raw_stream, torch._C._to_dlpack, \
+        torch._C._cuda_getCurrentRawStream
     for name, fn in rows:
         if name.startswith("decode"):
             print(f"{name:<42} {med_us(fn):9.2f}")
     fw.to_dlpack = wrapper._to_dlpack = table_route
+    wrapper._raw_stream = table_raw
+    if table_stream is not None:
+        fw.stream = table_stream
 
 
 def decode_case():
