@@ -91,15 +91,12 @@ def main():
     # process.
     fw = _ext.framework_of(x)
     table_route, table_stream = fw.to_dlpack, fw.__dict__.pop("stream", None)  # (the class's query)
-    fw.to_dlpack = torch._C._to_dlpack
+    table_raw = wrapper._raw_stream
+    fw.to_dlpack = wrapper._to_dlpack = torch._C._to_dlpack
+    wrapper._raw_stream = torch._C._cuda_getCurrentRawStream
     print("-- torch tensors as capsules (torch._C._to_dlpack), the stream from _cuda_getCurrentRawStream:")
     for name, fn in rows:
-        if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope")):
-            print(f"{name:<42} {med_us(fn):9.2f}")
-    table_raw, wrapper._to_dlpack, wrapper._raw_stream = wrapper._raw_stream, torch._C._to_dlpack, \
-        torch._C._cuda_getCurrentRawStream
-    for name, fn in rows:
-        if name.startswith("decode"):
+        if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope", "decode")):
             print(f"{name:<42} {med_us(fn):9.2f}")
     fw.to_dlpack = wrapper._to_dlpack = table_route
     wrapper._raw_stream = table_raw

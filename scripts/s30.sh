@@ -13,6 +13,12 @@
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
+# tests/python's files, $1 (names) first, then the rest but $2 (names)
+test_files() {
+  printf 'tests/python/%s\n' $1
+  ls tests/python/test_*.py | grep -v -x -F "$(printf 'tests/python/%s\n' $1 ${2:-})"
+}
+
 case "${1:-}" in
   check)
     pip_build || exit 1
@@ -21,10 +27,8 @@ case "${1:-}" in
 'taken:', _cuda.takes_exchange_api(torch.Tensor))"
     python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
     cat "$OUT/host.txt"
-    first="test_tensor_arg.py test_framework.py test_validation.py test_sampling.py test_sampling_cluster.py
-      test_batch_prefill.py test_decode.py"
-    files=$(printf 'tests/python/%s\n' $first; ls tests/python/test_*.py | grep -v -x -F "$(printf 'tests/python/%s\n' $first)")
-    run_tests ${PYTEST_TIMEOUT:-380} $files
+    run_tests ${PYTEST_TIMEOUT:-380} $(test_files "test_tensor_arg.py test_framework.py test_validation.py
+      test_sampling.py test_sampling_cluster.py test_batch_prefill.py test_decode.py")
     ;;
   stream)
     pip_build || exit 1
@@ -36,9 +40,8 @@ case "${1:-}" in
     done
     skip+=(--deselect "tests/python/test_sampling.py::test_top_p_early_accept_modes[0]"
            --deselect "tests/python/test_sampling.py::test_top_p_early_accept_modes[1]")
-    first="test_tensor_arg.py test_framework.py test_decode.py test_sampling.py test_batch_prefill.py"
-    files=$(printf 'tests/python/%s\n' $first; ls tests/python/test_*.py | grep -v -x -F "$(printf 'tests/python/%s\n' $first test_sampling_cluster.py)")
-    run_tests ${PYTEST_TIMEOUT:-300} "${skip[@]}" $files
+    run_tests ${PYTEST_TIMEOUT:-300} "${skip[@]}" $(test_files "test_tensor_arg.py test_framework.py test_decode.py
+      test_sampling.py test_batch_prefill.py" test_sampling_cluster.py)
     ;;
   rest)
     python3 -c "import flashinfer" 2>/dev/null || pip_build || exit 1
