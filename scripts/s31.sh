@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 31's device calls (benchmarks/NOTES.md, session 31): bash scripts/s31.sh <call>.
+#   ncu    the norm, decode, cascade, RoPE and page modules built (gpu_dev.sh); ncu's warp-stall
+#          reasons per issue (no_instruction: the kernel waiting on its own code) for the small
+#          goal cases and the split decode cases (gpu_ncu_metrics.sh)
+set -uo pipefail
+source "$(dirname "$0")/sweep_lib.sh"
+
+case "${1:-}" in
+  ncu)
+    MODULES="_cuda _norm _decode _cascade _rope _page" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
+    head -3 "$OUT/dev.txt"
+    NCU_CASES="decode tc 1x4096|DecodeTC||--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
+decode tc 1x32768|DecodeTC||--routine batch_decode --batch-size 1 --kv-len 32768 --use-tensor-cores
+decode tc 16x4096|DecodeTC||--routine batch_decode --batch-size 16 --kv-len 4096 --use-tensor-cores
+single decode 32768|DecodeTC||--routine single_decode --kv-len 32768 --use-tensor-cores
+rmsnorm 1 row|Norm||--routine rmsnorm --batch-size 1 --hidden-size 4096
+rmsnorm 128 rows|Norm||--routine rmsnorm --batch-size 128 --hidden-size 4096
+rmsnorm 4096 rows|Norm||--routine rmsnorm --batch-size 4096 --hidden-size 4096
+rope 1 token|Rope||--routine rope --batch-size 1 --num-qo-heads 32 --num-kv-heads 8 --head-dim 128
+append 1 token|Append||--routine append_paged_kv_cache --batch-size 1 --num-kv-heads 8 --head-dim 128 --page-size 16
+merge_state|Merge||--routine merge_state --batch-size 8192 --num-heads 32 --head-dim 128" \
+      bash scripts/gpu_ncu_metrics.sh 2>&1 | tee "$OUT/ncu_table.txt"
+    ;;
+  *)
+    echo "usage: bash scripts/s31.sh ncu" >&2
+    exit 2
+    ;;
+esac
