@@ -78,6 +78,13 @@ def main():
             1.0, 4.0, 8192.0, s, None)),
         ("torch F.rms_norm (reference)", lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)),
     ]
+    i32 = dict(dtype=torch.int32, device="cuda")
+    kc, vc = (torch.zeros(256, 16, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    ak, av = torch.randn(1, 8, 128, dtype=torch.bfloat16, device="cuda"), torch.randn_like(k)
+    bi, ps = torch.zeros(1, **i32), torch.full((1,), 4095, **i32)
+    ind, ptr, last = torch.arange(256, **i32), torch.tensor([0, 256], **i32), torch.tensor([16], **i32)
+    rows += [("append_paged_kv_cache 1 token", lambda: flashinfer.append_paged_kv_cache(
+        ak, av, bi, ps, (kc, vc), ind, ptr, last))]
     wrapper, dq, dcache, dout = decode_case()
     rows += [("decode run(q, cache) 1 x 4096", lambda: wrapper.run(dq, dcache)),
              ("decode run(q, cache, out=o)", lambda: wrapper.run(dq, dcache, out=dout))]
@@ -86,20 +93,32 @@ def main():
     print(f"{'host call':<42} {'median us':>9}")
     for name, fn in rows:
         print(f"{name:<42} {med_us(fn):9.2f}")
-    # The same Python calls with torch tensors exported as capsules first and the stream asked
-    # in Python (the route before the exchange table, and the one without it): an A/B in one
-    # process.
+    # The same Python calls by the two earlier routes, in one process (an A/B): every tensor
+    # through the framework's exporter (the identity) and the stream through its query
+    # (FRAMEWORK_STREAM), as session 30 left it; then torch tensors exported as capsules first and
+    # the stream asked in Python (the route before the exchange table, and the one without it).
     fw = _ext.framework_of(x)
     table_route, table_stream = fw.to_dlpack, fw.__dict__.pop("stream", None)  # (the class's query)
     table_raw = wrapper._raw_stream
-    fw.to_dlpack = wrapper._to_dlpack = torch._C._to_dlpack
-    wrapper._raw_stream = torch._C._cuda_getCurrentRawStream
-    print("-- torch tensors as capsules (torch._C._to_dlpack), the stream from _cuda_getCurrentRawStream:")
-    for name, fn in rows:
-        if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope", "decode")):
-            print(f"{name:<42} {med_us(fn):9.2f}")
+    fw.direct = wrapper._direct = False
+    for title, export, stream in (
+            ("-- exported one by one (the identity), stream by the framework's query (FRAMEWORK_STREAM):",
+             table_route, table_stream),
+            ("-- torch tensors as capsules (torch._C._to_dlpack), the stream from _cuda_getCurrentRawStream:",
+             torch._C._to_dlpack, None)):
+        fw.to_dlpack = wrapper._to_dlpack = export
+        wrapper._raw_stream = table_raw if stream is not None else torch._C._cuda_getCurrentRawStream
+        if stream is not None:
+            fw.stream = stream
+        else:
+            fw.__dict__.pop("stream", None)
+        print(title)
+        for name, fn in rows:
+            if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope", "append", "decode")):
+                print(f"{name:<42} {med_us(fn):9.2f}")
     fw.to_dlpack = wrapper._to_dlpack = table_route
     wrapper._raw_stream = table_raw
+    fw.direct = wrapper._direct = _ext.torch_direct(torch)
     if table_stream is not None:
         fw.stream = table_stream
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Session 31's device calls (benchmarks/NOTES.md, session 31): bash scripts/s31.sh <call>.
-#   ncu    the norm, decode, cascade, RoPE and page modules built (gpu_dev.sh); ncu's warp-stall
+#   ncu    the modules built (gpu_dev.sh); ncu's warp-stall
 #          reasons per issue (no_instruction: the kernel waiting on its own code) for the small
 #          goal cases and the split decode cases (gpu_ncu_metrics.sh)
+#   pcsamp the modules built unless build/devpkg is there (a warm machine of `ncu`); ncu's
+#          per-instruction warp-state samples of decode tc 1 x 4096, rmsnorm 1 row and append 1
+#          token, summarised by benchmarks/pc_stalls.py (where the kernels wait on their own code)
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
 case "${1:-}" in
   ncu)
-    MODULES="_cuda _norm _decode _cascade _rope _page" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
+    MODULES="$ALL" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
     head -3 "$OUT/dev.txt"
     NCU_CASES="decode tc 1x4096|DecodeTC||--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
 decode tc 1x32768|DecodeTC||--routine batch_decode --batch-size 1 --kv-len 32768 --use-tensor-cores
@@ -22,8 +25,25 @@ append 1 token|Append||--routine append_paged_kv_cache --batch-size 1 --num-kv-h
 merge_state|Merge||--routine merge_state --batch-size 8192 --num-heads 32 --head-dim 128" \
       bash scripts/gpu_ncu_metrics.sh 2>&1 | tee "$OUT/ncu_table.txt"
     ;;
+  pcsamp)
+    [ -d build/devpkg/flashinfer ] || MODULES="$ALL" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
+    export PYTHONPATH=$PWD/build/devpkg
+    ncu --version | tail -1
+    while IFS='|' read -r tag regex flags; do
+      ncu --clock-control none --section SourceCounters --section WarpStateStats -k "regex:$regex" -s 2 -c 1 -f \
+        -o "$OUT/pc_$tag" python3 benchmarks/profile_case.py $flags > "$OUT/pc_$tag.log" 2>&1
+      ncu -i "$OUT/pc_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/pc_$tag.csv" 2> "$OUT/pc_$tag.err" ||
+        ncu -i "$OUT/pc_$tag.ncu-rep" --page source --csv > "$OUT/pc_$tag.csv" 2>> "$OUT/pc_$tag.err"
+      echo "== $tag: $flags"
+      python3 benchmarks/pc_stalls.py "$OUT/pc_$tag.csv" > "$OUT/pc_$tag.txt" 2>&1
+      head -c 2500 "$OUT/pc_$tag.txt"; echo; tail -c 1500 "$OUT/pc_$tag.txt"
+      gzip -f "$OUT/pc_$tag.csv"; rm -f "$OUT/pc_$tag.ncu-rep"
+    done <<< "dec4096|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
+norm1|Norm|--routine rmsnorm --batch-size 1 --hidden-size 4096
+append1|Append|--routine append_paged_kv_cache --batch-size 1 --num-kv-heads 8 --head-dim 128 --page-size 16"
+    ;;
   *)
-    echo "usage: bash scripts/s31.sh ncu" >&2
+    echo "usage: bash scripts/s31.sh ncu|pcsamp" >&2
     exit 2
     ;;
 esac

@@ -17,7 +17,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, Tuple
 
-__all__ = ["framework_of", "to_dlpack", "torch_exporter", "torch_stream_source", "Framework", "ArgumentError"]
+__all__ = ["framework_of", "to_dlpack", "export_args", "require_tensors", "torch_exporter", "torch_direct",
+           "torch_stream_source", "Framework", "ArgumentError", "FRAMEWORK_STREAM"]
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -30,6 +31,11 @@ class Framework:
     """How one array library exports, allocates and orders its tensors."""
 
     name = "dlpack"
+    # True where the bindings take this framework's tensors as they are and ask its current stream
+    # themselves (torch with DLPack's C exchange table): a call whose tensor arguments all have the
+    # first one's type passes them straight through, with FRAMEWORK_STREAM; others go through
+    # export_args().
+    direct = False
 
     def to_dlpack(self, x: Any) -> Any:  # a DLPack capsule, or any object nanobind accepts
         return x.__dlpack__()
@@ -70,6 +76,7 @@ class _Torch(Framework):
         self.empty_like = torch.empty_like  # type: ignore[assignment]
         if self.to_dlpack is _as_is:  # the binding asks torch for the stream itself
             self.stream = _framework_stream  # type: ignore[method-assign]
+            self.direct = True  # (torch_direct(torch))
 
     def stream(self, x: Any) -> int:
         d = x.get_device()
@@ -193,6 +200,12 @@ def torch_exporter(torch: Any) -> Callable[[Any], Any]:
     return _torch_route(torch)[0]
 
 
+def torch_direct(torch: Any) -> bool:
+    """Whether torch tensors go to the bindings as they are, with ``FRAMEWORK_STREAM`` (the
+    bindings read them through DLPack's C exchange table). Asked once per process."""
+    return _torch_route(torch)[0] is _as_is
+
+
 def torch_stream_source(torch: Any) -> Callable[[int], int]:
     """The ``stream`` argument for torch tensors on device index i: ``FRAMEWORK_STREAM`` (the
     binding asks torch through the exchange table, in C) with the table, else torch's current
@@ -219,7 +232,7 @@ def _resolve(x: Any, name: str) -> Framework:
     elif hasattr(x, "__dlpack__"):
         fw = _GENERIC
     else:
-        raise TypeError(f"{name} must be a tensor supporting DLPack (torch.Tensor, cupy.ndarray, ...); got {t.__name__}")
+        raise _not_a_tensor(name, x)
     _BY_TYPE[t] = fw
     return fw
 
@@ -246,3 +259,29 @@ def to_dlpack(x: Any, name: str) -> Any:
     if fw is None:
         fw = _resolve(x, name)
     return fw.to_dlpack(x)
+
+
+def export_args(fw: Framework, t: type, **tensors: Any) -> list:
+    """The general route of a call's tensors (the direct one is ``Framework.direct``): ``[the
+    stream of the first one's framework on its device, then each tensor's export]``, each by its
+    own framework (type ``t``: ``fw``'s). Anything that is not a DLPack tensor (None too) is a
+    TypeError naming its argument."""
+    dl = fw.to_dlpack
+    out = [fw.stream(next(iter(tensors.values())))]
+    for name, x in tensors.items():
+        out.append(dl(x) if type(x) is t else to_dlpack(x, name))
+    return out
+
+
+def _not_a_tensor(name: str, x: Any) -> TypeError:
+    return TypeError(f"{name} must be a tensor supporting DLPack (torch.Tensor, cupy.ndarray, ...); got "
+                     f"{type(x).__name__}")
+
+
+def require_tensors(**tensors: Any) -> None:
+    """For a binding's TypeError on arguments passed as they are: raises the TypeError naming the
+    first of ``tensors`` that is neither None nor a DLPack tensor (else returns: the caller
+    re-raises the binding's error)."""
+    for name, x in tensors.items():
+        if x is not None and not hasattr(x, "__dlpack__"):
+            raise _not_a_tensor(name, x)

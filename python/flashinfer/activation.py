@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _activation
-from ._ext import framework_of, to_dlpack
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of
 
 __all__ = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
 
 
 def _act(name: str, kernel: Any, input: Any, out: Optional[Any], enable_pdl: Optional[bool]) -> Any:
-    fw = framework_of(input)
+    t = type(input)
+    fw = _BY_TYPE.get(t) or framework_of(input)
     shape = input.shape
     if len(shape) == 0:
         raise ValueError(f"{name}: input must have at least 1 dimension (..., 2 * hidden_size); got a 0-D tensor")
@@ -20,15 +21,19 @@ def _act(name: str, kernel: Any, input: Any, out: Optional[Any], enable_pdl: Opt
         raise ValueError("The last dimension must be even (2 * hidden_size).")
     if out is None:
         out = fw.empty((*shape[:-1], shape[-1] // 2), input)
-        out_dl = fw.to_dlpack(out)
     else:
-        out_dl = to_dlpack(out, "out")  # (a non-tensor: a TypeError naming `out`)
+        if type(out) is not t:
+            framework_of(out, "out")  # (a non-tensor: a TypeError naming `out`)
         assert out.ndim == input.ndim, f"out.ndim ({out.ndim}) must equal input.ndim ({input.ndim})"
         assert tuple(out.shape[:-1]) == tuple(shape[:-1]), (
             f"out.shape[:-1] {tuple(out.shape[:-1])} must equal input.shape[:-1] {tuple(shape[:-1])}")
         assert 2 * out.shape[-1] == shape[-1], (
             f"out.shape[-1] ({out.shape[-1]}) must be input.shape[-1] // 2 ({shape[-1] // 2})")
-    kernel(fw.to_dlpack(input), out_dl, fw.stream(input), enable_pdl is not False)
+    if fw.direct and type(out) is t:  # (see norm.py)
+        kernel(input, out, FRAMEWORK_STREAM, enable_pdl is not False)
+    else:
+        s, i, o = export_args(fw, t, input=input, out=out)
+        kernel(i, o, s, enable_pdl is not False)
     return out
 
 

@@ -22,7 +22,8 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _decode
-from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
+from ._ext import (FRAMEWORK_STREAM, framework_of, require_tensors, to_dlpack, torch_direct, torch_exporter,
+                   torch_stream_source)
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -455,6 +456,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._to_dlpack = torch_exporter(torch)
         self._tensor_type = torch.Tensor
         self._raw_stream = torch_stream_source(torch)
+        self._direct = torch_direct(torch)
         self._empty_like = torch.empty_like  # ~0.7 us cheaper than q.new_empty(q.shape) (no size tuple)
         self._dev_index = self.device.index or 0
 
@@ -487,16 +489,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
             scale *= k_scale
         if type(q) is not self._tensor_type:
             return self._run_dlpack(q, paged_kv_cache, out, lse, return_lse, scale, v_scale, enable_pdl)
-        dl = self._to_dlpack
-        kv_dl = dl if self._kv_fp8 is None else self._fp8_cache_view  # fp8: the binding takes uint8 views
         if type(paged_kv_cache) is tuple or isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
-            kv_a, kv_b = kv_dl(paged_kv_cache[0]), kv_dl(paged_kv_cache[1])
+            k_cache, v_cache = paged_kv_cache
+            if v_cache is None:
+                raise TypeError("paged_kv_cache[1] must be a tensor supporting DLPack (torch.Tensor, cupy.ndarray, "
+                                "...); got NoneType")
         elif hasattr(paged_kv_cache, "data_ptr"):
-            kv_a, kv_b = kv_dl(paged_kv_cache), None
+            k_cache, v_cache = paged_kv_cache, None
         else:
             raise KeyError(f"unsupported paged_kv_cache type {type(paged_kv_cache).__name__}")
+        direct = self._direct  # (see norm.py: torch tensors go to the binding as they are)
+        kv_a, kv_b = k_cache, v_cache
+        if self._kv_fp8 is not None:  # the binding takes fp8 caches as their uint8 views
+            kv_a, kv_b = self._fp8_cache_view(k_cache), v_cache if v_cache is None else self._fp8_cache_view(v_cache)
+        elif not direct:
+            kv_a, kv_b = self._to_dlpack(k_cache), v_cache if v_cache is None else self._to_dlpack(v_cache)
         o_cast = self._o_cast
         if o_cast is not None:  # the kernels write q's dtype; o is cast from it below
             result = self._checked_cast_out(q, out, o_cast)
@@ -505,8 +514,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out = self._empty_like(q)  # (a given out is checked by the binding: shape, dtype, device)
         if return_lse and lse is None:
             lse = q.new_empty((q.shape[0], q.shape[1]), dtype=_torch().float32)
-        runner.run(dl(q), kv_a, kv_b, dl(out), None if lse is None else dl(lse), scale,
-                   self._raw_stream(self._dev_index), enable_pdl is not False)
+        try:
+            if direct:
+                runner.run(q, kv_a, kv_b, out, lse, scale, FRAMEWORK_STREAM, enable_pdl is not False)
+            else:
+                dl = self._to_dlpack
+                runner.run(dl(q), kv_a, kv_b, dl(out), None if lse is None else dl(lse), scale,
+                           self._raw_stream(self._dev_index), enable_pdl is not False)
+        except TypeError:
+            if v_cache is None:
+                require_tensors(paged_kv_cache=k_cache, out=out, lse=lse)
+            require_tensors(**{"paged_kv_cache[0]": k_cache, "paged_kv_cache[1]": v_cache}, out=out, lse=lse)
+            raise
         if v_scale is not None and v_scale != 1:
             out.mul_(v_scale)
         if o_cast is not None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import _norm
-from ._ext import _BY_TYPE, framework_of, to_dlpack
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of, to_dlpack
 
 # Host time matters per call (a bare launch is ~3.5 us): the hot paths below look the
-# framework up once, export every tensor of the input's own type with its framework's
-# exporter directly (the generic to_dlpack() only for other types, which also names a
-# non-tensor argument), and call bound binding functions.
+# framework up once and, when every tensor has the input's type and the bindings read that
+# framework's tensors themselves (``fw.direct``: torch with DLPack's C exchange table), pass them
+# straight through with FRAMEWORK_STREAM; else export_args() exports each by its own framework
+# (and names a non-tensor argument).
 _rmsnorm = _norm.rmsnorm
 _gemma_rmsnorm = _norm.gemma_rmsnorm
 _fused_add_rmsnorm = _norm.fused_add_rmsnorm
@@ -37,9 +38,11 @@ def rmsnorm(input: Any, weight: Any, eps: float = 1e-6, out: Optional[Any] = Non
     fw = _BY_TYPE.get(t) or framework_of(input)
     if out is None:
         out = fw.empty_like(input)
-    dl = fw.to_dlpack
-    _rmsnorm(dl(input), dl(weight) if type(weight) is t else to_dlpack(weight, "weight"),
-             dl(out) if type(out) is t else to_dlpack(out, "out"), eps, fw.stream(input), enable_pdl is not False)
+    if fw.direct and type(weight) is t and type(out) is t:
+        _rmsnorm(input, weight, out, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+    else:
+        s, i, w, o = export_args(fw, t, input=input, weight=weight, out=out)
+        _rmsnorm(i, w, o, eps, s, enable_pdl is not False)
     return out
 
 
@@ -50,10 +53,11 @@ def gemma_rmsnorm(input: Any, weight: Any, eps: float = 1e-6, out: Optional[Any]
     fw = _BY_TYPE.get(t) or framework_of(input)
     if out is None:
         out = fw.empty_like(input)
-    dl = fw.to_dlpack
-    _gemma_rmsnorm(dl(input), dl(weight) if type(weight) is t else to_dlpack(weight, "weight"),
-                   dl(out) if type(out) is t else to_dlpack(out, "out"), eps, fw.stream(input),
-                   enable_pdl is not False)
+    if fw.direct and type(weight) is t and type(out) is t:
+        _gemma_rmsnorm(input, weight, out, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+    else:
+        s, i, w, o = export_args(fw, t, input=input, weight=weight, out=out)
+        _gemma_rmsnorm(i, w, o, eps, s, enable_pdl is not False)
     return out
 
 
@@ -66,10 +70,11 @@ def fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: float = 1e-6,
     """
     t = type(input)
     fw = _BY_TYPE.get(t) or framework_of(input)
-    dl = fw.to_dlpack
-    _fused_add_rmsnorm(dl(input), dl(residual) if type(residual) is t else to_dlpack(residual, "residual"),
-                       dl(weight) if type(weight) is t else to_dlpack(weight, "weight"), eps, fw.stream(input),
-                       enable_pdl is not False)
+    if fw.direct and type(residual) is t and type(weight) is t:
+        _fused_add_rmsnorm(input, residual, weight, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+    else:
+        s, i, r, w = export_args(fw, t, input=input, residual=residual, weight=weight)
+        _fused_add_rmsnorm(i, r, w, eps, s, enable_pdl is not False)
 
 
 def gemma_fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: float = 1e-6,
@@ -77,10 +82,11 @@ def gemma_fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: float =
     r"""As :func:`fused_add_rmsnorm` with Gemma's ``(1 + weight)`` scale."""
     t = type(input)
     fw = _BY_TYPE.get(t) or framework_of(input)
-    dl = fw.to_dlpack
-    _gemma_fused_add_rmsnorm(dl(input), dl(residual) if type(residual) is t else to_dlpack(residual, "residual"),
-                             dl(weight) if type(weight) is t else to_dlpack(weight, "weight"), eps,
-                             fw.stream(input), enable_pdl is not False)
+    if fw.direct and type(residual) is t and type(weight) is t:
+        _gemma_fused_add_rmsnorm(input, residual, weight, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+    else:
+        s, i, r, w = export_args(fw, t, input=input, residual=residual, weight=weight)
+        _gemma_fused_add_rmsnorm(i, r, w, eps, s, enable_pdl is not False)
 
 
 def layernorm(input: Any, gemma: Any, beta: Any, eps: float = 1e-6) -> Any:

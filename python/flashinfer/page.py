@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import _index_check, _page
-from ._ext import framework_of, to_dlpack
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, framework_of, to_dlpack
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
 
@@ -97,17 +97,20 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         k_cache, v_cache = paged_kv_cache
     else:
         k_cache, v_cache = _split_cache(paged_kv_cache)
-    fw = framework_of(append_key, "append_key")
+    t = type(append_key)
+    fw = _BY_TYPE.get(t) or framework_of(append_key, "append_key")
     err = None
     if _ic.enabled:
         buf = _ic.error_buffer(fw, append_key)
         err = None if buf is None else fw.to_dlpack(buf)
-    stream = fw.stream(append_key)
-    dl = fw.to_dlpack
-    try:
-        caps = (dl(append_key), dl(append_value), dl(batch_indices), dl(positions), dl(k_cache),
-                None if v_cache is None else dl(v_cache), dl(kv_indices), dl(kv_indptr), dl(kv_last_page_len))
-    except TypeError:  # another framework's tensor among them
+    if (fw.direct and type(append_value) is t and type(batch_indices) is t and type(positions) is t
+            and type(k_cache) is t and (v_cache is None or type(v_cache) is t) and type(kv_indices) is t
+            and type(kv_indptr) is t and type(kv_last_page_len) is t):  # (see norm.py)
+        stream = FRAMEWORK_STREAM
+        caps = (append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+                kv_last_page_len)
+    else:
+        stream = fw.stream(append_key)
         caps = _export(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
                        kv_last_page_len)
     if not _page.append_paged_kv_cache(*caps, layout, stream, err):

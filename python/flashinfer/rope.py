@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import _index_check, _rope
-from ._ext import framework_of, to_dlpack
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of
 
 __all__ = [
     "apply_rope",
@@ -42,6 +42,13 @@ __all__ = [
 ]
 
 _ic = _index_check
+
+
+def _new_outputs(fw: Any, q: Any, k: Any) -> Tuple[Any, Any, Any, Any]:
+    """New tensors like ``q`` and ``k``, each by its own framework, and their exports."""
+    fk = framework_of(k, "k")
+    q_rope, k_rope = fw.empty_like(q), fk.empty_like(k)
+    return q_rope, k_rope, fw.to_dlpack(q_rope), fk.to_dlpack(k_rope)
 
 
 def _err(fw: Any, like: Any) -> Any:
@@ -60,28 +67,30 @@ def apply_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Op
     offsets: ``[batch_size]`` (same int dtype). Token ``t`` of segment ``b`` has position
     ``offsets[b] + t - indptr[b]``. rotary_dim: even, ``<= head_dim`` (``None``: head_dim).
     """
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
-    except TypeError:  # another framework's tensor among them
-        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(indptr) is t and type(offsets) is t:
+        s, cq, ck, ci, co = FRAMEWORK_STREAM, q, k, indptr, offsets
+    else:
+        s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
     _rope.apply_rope("apply_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave, rope_scale,
-                     rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+                     rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
 
 
 def apply_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
                rope_scale: float = 1, rope_theta: float = 1e4) -> Tuple[Any, Any]:
     r"""As :func:`apply_rope_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
-    except TypeError:
-        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
-    _rope.apply_rope("apply_rope", cq, ck, dl(q_rope), dl(k_rope), None, ci, co, rotary_dim, interleave, rope_scale,
-                     rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(indptr) is t and type(offsets) is t:
+        s, cq, ck, ci, co = FRAMEWORK_STREAM, q, k, indptr, offsets
+        q_rope = cq_rope = fw.empty_like(q)
+        k_rope = ck_rope = fw.empty_like(k)
+    else:
+        s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
+        q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
+    _rope.apply_rope("apply_rope", cq, ck, cq_rope, ck_rope, None, ci, co, rotary_dim, interleave, rope_scale,
+                     rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
 
@@ -97,14 +106,14 @@ def apply_llama31_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary
     ``old_context_len / low_freq_factor`` are stretched by ``rope_scale``, those shorter than
     ``old_context_len / high_freq_factor`` are kept, smoothly in between.
     """
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
-    except TypeError:
-        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(indptr) is t and type(offsets) is t:
+        s, cq, ck, ci, co = FRAMEWORK_STREAM, q, k, indptr, offsets
+    else:
+        s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
     _rope.apply_rope("apply_llama31_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave,
-                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
                      _err(fw, q) if _ic.enabled else None)
 
 
@@ -113,15 +122,17 @@ def apply_llama31_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Op
                        low_freq_factor: float = 1, high_freq_factor: float = 4,
                        old_context_len: int = 8192) -> Tuple[Any, Any]:
     r"""As :func:`apply_llama31_rope_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, ci, co = dl(q), dl(k), dl(indptr), dl(offsets)
-    except TypeError:
-        cq, ck, ci, co = dl(q), to_dlpack(k, "k"), to_dlpack(indptr, "indptr"), to_dlpack(offsets, "offsets")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
-    _rope.apply_rope("apply_llama31_rope", cq, ck, dl(q_rope), dl(k_rope), None, ci, co, rotary_dim, interleave,
-                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(indptr) is t and type(offsets) is t:
+        s, cq, ck, ci, co = FRAMEWORK_STREAM, q, k, indptr, offsets
+        q_rope = cq_rope = fw.empty_like(q)
+        k_rope = ck_rope = fw.empty_like(k)
+    else:
+        s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
+        q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
+    _rope.apply_rope("apply_llama31_rope", cq, ck, cq_rope, ck_rope, None, ci, co, rotary_dim, interleave,
+                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
                      _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
@@ -132,28 +143,30 @@ def apply_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim: Optiona
                                interleave: bool = False, rope_scale: float = 1, rope_theta: float = 1e4) -> None:
     r"""Applies RoPE to ``q`` and ``k`` in place; token ``i`` has position ``pos_ids[i]`` (``[nnz]``,
     int32 or int64)."""
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
-    except TypeError:
-        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(pos_ids) is t:
+        s, cq, ck, cp = FRAMEWORK_STREAM, q, k, pos_ids
+    else:
+        s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
     _rope.apply_rope("apply_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
-                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
 
 
 def apply_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
                        rope_scale: float = 1, rope_theta: float = 1e4) -> Tuple[Any, Any]:
     r"""As :func:`apply_rope_pos_ids_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
-    except TypeError:
-        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
-    _rope.apply_rope("apply_rope_pos_ids", cq, ck, dl(q_rope), dl(k_rope), cp, None, None, rotary_dim, interleave,
-                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, fw.stream(q), _err(fw, q) if _ic.enabled else None)
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(pos_ids) is t:
+        s, cq, ck, cp = FRAMEWORK_STREAM, q, k, pos_ids
+        q_rope = cq_rope = fw.empty_like(q)
+        k_rope = ck_rope = fw.empty_like(k)
+    else:
+        s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
+        q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
+    _rope.apply_rope("apply_rope_pos_ids", cq, ck, cq_rope, ck_rope, cp, None, None, rotary_dim, interleave,
+                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
 
@@ -162,14 +175,14 @@ def apply_llama31_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim:
                                        low_freq_factor: float = 1, high_freq_factor: float = 4,
                                        old_context_len: int = 8192) -> None:
     r"""Llama-3.1 RoPE in place, positions from ``pos_ids`` (see :func:`apply_llama31_rope_inplace`)."""
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
-    except TypeError:
-        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(pos_ids) is t:
+        s, cq, ck, cp = FRAMEWORK_STREAM, q, k, pos_ids
+    else:
+        s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
     _rope.apply_rope("apply_llama31_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
-                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, fw.stream(q),
+                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
                      _err(fw, q) if _ic.enabled else None)
 
 
@@ -178,16 +191,18 @@ def apply_llama31_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optiona
                                low_freq_factor: float = 1, high_freq_factor: float = 4,
                                old_context_len: int = 8192) -> Tuple[Any, Any]:
     r"""As :func:`apply_llama31_rope_pos_ids_inplace`, into new tensors; returns ``(q_rope, k_rope)``."""
-    fw = framework_of(q, "q")
-    dl = fw.to_dlpack
-    try:
-        cq, ck, cp = dl(q), dl(k), dl(pos_ids)
-    except TypeError:
-        cq, ck, cp = dl(q), to_dlpack(k, "k"), to_dlpack(pos_ids, "pos_ids")
-    q_rope, k_rope = fw.empty_like(q), fw.empty_like(k)
-    _rope.apply_rope("apply_llama31_rope_pos_ids", cq, ck, dl(q_rope), dl(k_rope), cp, None, None, rotary_dim,
+    t = type(q)
+    fw = _BY_TYPE.get(t) or framework_of(q, "q")
+    if fw.direct and type(k) is t and type(pos_ids) is t:
+        s, cq, ck, cp = FRAMEWORK_STREAM, q, k, pos_ids
+        q_rope = cq_rope = fw.empty_like(q)
+        k_rope = ck_rope = fw.empty_like(k)
+    else:
+        s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
+        q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
+    _rope.apply_rope("apply_llama31_rope_pos_ids", cq, ck, cq_rope, ck_rope, cp, None, None, rotary_dim,
                      interleave, rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len,
-                     fw.stream(q), _err(fw, q) if _ic.enabled else None)
+                     s, _err(fw, q) if _ic.enabled else None)
     return q_rope, k_rope
 
 
@@ -205,28 +220,28 @@ def apply_rope_with_cos_sin_cache(positions: Any, query: Any, key: Any, head_siz
     ``False`` pairs ``(2d, 2d + 1)``. Positions outside ``[0, max_position)`` are skipped (see the
     module docstring for ``FLASHINFER_CHECK_INDICES``).
     """
-    fw = framework_of(query, "query")
-    dl = fw.to_dlpack
-    try:
-        cp, cq, ck, cc = dl(positions), dl(query), dl(key), dl(cos_sin_cache)
-    except TypeError:  # another framework's tensor among them
-        cp, cq, ck, cc = (to_dlpack(positions, "positions"), dl(query), to_dlpack(key, "key"),
-                          to_dlpack(cos_sin_cache, "cos_sin_cache"))
-    query_out, key_out = fw.empty_like(query), fw.empty_like(key)
-    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", cp, cq, ck, head_size, cc, is_neox, dl(query_out),
-                                   dl(key_out), fw.stream(query), _err(fw, query) if _ic.enabled else None)
+    t = type(query)
+    fw = _BY_TYPE.get(t) or framework_of(query, "query")
+    if fw.direct and type(positions) is t and type(key) is t and type(cos_sin_cache) is t:
+        s, cq, cp, ck, cc = FRAMEWORK_STREAM, query, positions, key, cos_sin_cache
+        query_out = cquery_out = fw.empty_like(query)
+        key_out = ckey_out = fw.empty_like(key)
+    else:
+        s, cq, cp, ck, cc = export_args(fw, t, query=query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
+        query_out, key_out, cquery_out, ckey_out = _new_outputs(fw, query, key)
+    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", cp, cq, ck, head_size, cc, is_neox, cquery_out,
+                                   ckey_out, s, _err(fw, query) if _ic.enabled else None)
     return query_out, key_out
 
 
 def apply_rope_with_cos_sin_cache_inplace(positions: Any, query: Any, key: Any, head_size: int, cos_sin_cache: Any,
                                           is_neox: bool = True) -> None:
     r"""As :func:`apply_rope_with_cos_sin_cache`, rotating ``query`` and ``key`` in place."""
-    fw = framework_of(query, "query")
-    dl = fw.to_dlpack
-    try:
-        cp, cq, ck, cc = dl(positions), dl(query), dl(key), dl(cos_sin_cache)
-    except TypeError:
-        cp, cq, ck, cc = (to_dlpack(positions, "positions"), dl(query), to_dlpack(key, "key"),
-                          to_dlpack(cos_sin_cache, "cos_sin_cache"))
+    t = type(query)
+    fw = _BY_TYPE.get(t) or framework_of(query, "query")
+    if fw.direct and type(positions) is t and type(key) is t and type(cos_sin_cache) is t:
+        s, cq, cp, ck, cc = FRAMEWORK_STREAM, query, positions, key, cos_sin_cache
+    else:
+        s, cq, cp, ck, cc = export_args(fw, t, query=query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
     _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache_inplace", cp, cq, ck, head_size, cc, is_neox, None,
-                                   None, fw.stream(query), _err(fw, query) if _ic.enabled else None)
+                                   None, s, _err(fw, query) if _ic.enabled else None)

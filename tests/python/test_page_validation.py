@@ -276,3 +276,21 @@ def test_append_set_tuning_round_trip():
     finally:
         _page._set_tuning(*saved)
     assert _page._tuning() == saved
+
+
+@pytest.mark.parametrize("value", [[0, 1], 3.5])
+@pytest.mark.parametrize("form", ["tuple", "single"])
+def test_every_non_tensor_argument_is_a_type_error_naming_it(value, form):
+    a = args(form)
+    names = ["append_key", "append_value", "batch_indices", "positions", "kv_indices", "kv_indptr",
+             "kv_last_page_len"]
+    for arg in names:
+        with pytest.raises(TypeError, match=f"^{arg} must be a tensor supporting DLPack .*; got "
+                                            f"{type(value).__name__}$"):
+            flashinfer.append_paged_kv_cache(**dict(a, **{arg: value}))
+    if form == "tuple":
+        for i in range(2):
+            cache = list(a["paged_kv_cache"])
+            cache[i] = value
+            with pytest.raises(TypeError, match=rf"^paged_kv_cache(\[1\])? must be a tensor supporting DLPack"):
+                flashinfer.append_paged_kv_cache(**dict(a, paged_kv_cache=tuple(cache)))

@@ -240,8 +240,33 @@ def test_llama31_factors(name):
 
 
 def test_non_tensor_is_a_type_error():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^q must be a tensor supporting DLPack"):
         flashinfer.apply_rope_pos_ids([1.0], [1.0], [0])
+
+
+def rope_tensor_args(name):
+    """(positional argument names, values) of a valid CPU call of ``name``."""
+    if name in CACHE_FNS:
+        a = cache_args()
+        return ["positions", "query", "key", "cos_sin_cache"], a
+    q, k = qk()
+    if name in INDPTR_FNS:
+        indptr, offsets = indptr_args()
+        return ["q", "k", "indptr", "offsets"], dict(q=q, k=k, indptr=indptr, offsets=offsets)
+    return ["q", "k", "pos_ids"], dict(q=q, k=k, pos_ids=torch.arange(6, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", ALL + CACHE_FNS)
+@pytest.mark.parametrize("value", [[0, 1], 3.5, None])
+def test_every_non_tensor_argument_is_a_type_error_naming_it(name, value):
+    # the tensors of a call go to the binding as they are when they all share the first one's
+    # type (torch with DLPack's C exchange table); any other argument is exported by name
+    names, args = rope_tensor_args(name)
+    for arg in names:
+        bad = dict(args, **{arg: value})
+        with pytest.raises(TypeError, match=f"^{arg} must be a tensor supporting DLPack .*; got "
+                                            f"{type(value).__name__}$"):
+            getattr(flashinfer, name)(**bad)
 
 
 # --- cos/sin cache form ----------------------------------------------------------------------------

@@ -280,3 +280,80 @@ def test_the_framework_stream_is_torchs_current_stream():
     with torch.cuda.stream(s):
         assert _cuda.resolve_stream(x, f) == s.cuda_stream
     assert _cuda.resolve_stream(x, f) == torch.cuda.current_stream().cuda_stream
+
+
+# --- what the Python wrappers hand the bindings ----------------------------------------------------
+
+class Recorder:
+    """Stands in for a binding module: records each call's positional arguments."""
+
+    def __init__(self, result=None):
+        self.calls = []
+        self.result = result
+
+    def __getattr__(self, name):
+        def fn(*args):
+            self.calls.append((name, args))
+            return self.result
+        return fn
+
+
+def is_capsule(x):
+    return type(x).__name__ == "PyCapsule"
+
+
+def test_wrappers_pass_torch_tensors_straight_through_with_the_framework_stream(monkeypatch):
+    # torch with the exchange table: every tensor of a call is passed as it is and the stream is
+    # FRAMEWORK_STREAM; one argument of another framework sends the call through export_args
+    # (each tensor exported by its own framework)
+    torch = pytest.importorskip("torch")
+    import flashinfer
+    from flashinfer import activation, norm, page, rope
+
+    if not _ext.torch_direct(torch):
+        pytest.skip("this torch has no DLPack C exchange table")
+    x, w = torch.randn(4, 64, dtype=torch.float16), torch.randn(64, dtype=torch.float16)
+    stub = Recorder()
+    monkeypatch.setattr(norm, "_rmsnorm", getattr(stub, "rmsnorm"))
+    out = flashinfer.rmsnorm(x, w)
+    (_, args), = stub.calls
+    assert args[0] is x and args[1] is w and args[2] is out and args[4] == _ext.FRAMEWORK_STREAM
+    flashinfer.rmsnorm(x, w.numpy())  # a NumPy weight: exported by NumPy, the torch tensors as they are
+    _, args = stub.calls[-1]
+    assert args[0] is x and is_capsule(args[1]) and args[4] == _ext.FRAMEWORK_STREAM
+
+    monkeypatch.setattr(norm, "_fused_add_rmsnorm", getattr(stub, "fused_add"))
+    r = torch.randn_like(x)
+    flashinfer.fused_add_rmsnorm(x, r, w)
+    _, args = stub.calls[-1]
+    assert all(a is b for a, b in zip(args, (x, r, w))) and args[4] == _ext.FRAMEWORK_STREAM
+
+    monkeypatch.setattr(rope, "_rope", stub)
+    q, k = torch.randn(3, 4, 64, dtype=torch.float16), torch.randn(3, 2, 64, dtype=torch.float16)
+    pos = torch.arange(3, dtype=torch.int32)
+    flashinfer.apply_rope_pos_ids_inplace(q, k, pos)
+    _, args = stub.calls[-1]
+    assert args[1] is q and args[2] is k and args[5] is pos and args[-2] == _ext.FRAMEWORK_STREAM
+    qr, kr = flashinfer.apply_rope_pos_ids(q, k, pos)
+    _, args = stub.calls[-1]
+    assert args[3] is qr and args[4] is kr and args[-2] == _ext.FRAMEWORK_STREAM
+    flashinfer.apply_rope_pos_ids_inplace(q, k, pos.numpy())
+    _, args = stub.calls[-1]
+    assert args[1] is q and is_capsule(args[5])
+
+    monkeypatch.setattr(activation, "_activation", stub)
+    a = torch.randn(4, 128, dtype=torch.float16)
+    o = flashinfer.silu_and_mul(a)
+    _, args = stub.calls[-1]
+    assert args[0] is a and args[1] is o and args[2] == _ext.FRAMEWORK_STREAM
+
+    monkeypatch.setattr(page, "_page", Recorder(result=True))
+    kc, vc = torch.zeros(4, 16, 2, 64, dtype=torch.float16), torch.zeros(4, 16, 2, 64, dtype=torch.float16)
+    i32 = torch.int32
+    ak, av = torch.randn(3, 2, 64, dtype=torch.float16), torch.randn(3, 2, 64, dtype=torch.float16)
+    bi, ps = torch.zeros(3, dtype=i32), torch.arange(3, dtype=i32)
+    ind, ptr, last = torch.arange(1, dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([3], dtype=i32)
+    flashinfer.append_paged_kv_cache(ak, av, bi, ps, (kc, vc), ind, ptr, last)
+    (_, args), = page._page.calls
+    assert all(a is b for a, b in zip(args, (ak, av, bi, ps, kc, vc, ind, ptr, last)))
+    assert args[10] == _ext.FRAMEWORK_STREAM
