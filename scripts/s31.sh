@@ -6,8 +6,30 @@
 #   pcsamp the modules built unless build/devpkg is there (a warm machine of `ncu`); ncu's
 #          per-instruction warp-state samples of decode tc 1 x 4096, rmsnorm 1 row and append 1
 #          token, summarised by benchmarks/pc_stalls.py (where the kernels wait on their own code)
+#   host   the package built; benchmarks/host_overhead.py (three routes in one process); the test
+#          files of the wrappers that changed; per-instruction samples of decode 1 x 4096 and
+#          1 x 32768 at the finest sampling interval
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
+
+# ncu's per-instruction warp-state samples of the cases in $1 ("tag|kernel regex|bench case flags"
+# per line; SAMPLING: ncu's --sampling-interval, 2^(5 + n) cycles), each summarised by
+# benchmarks/pc_stalls.py; the CSVs and summaries in $OUT/pc.tar.gz
+pc_samples() {
+  local tag regex flags
+  ncu --version | tail -1
+  while IFS='|' read -r tag regex flags; do
+    ncu --clock-control none --section SourceCounters --section WarpStateStats --sampling-interval "${SAMPLING:-auto}" \
+      -k "regex:$regex" -s 2 -c 1 -f -o "$OUT/pc_$tag" python3 benchmarks/profile_case.py $flags > "$OUT/pc_$tag.log" 2>&1
+    ncu -i "$OUT/pc_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/pc_$tag.csv" 2> "$OUT/pc_$tag.err"
+    python3 benchmarks/pc_stalls.py "$OUT/pc_$tag.csv" > "$OUT/pc_$tag.txt" 2>&1
+    echo "== $tag: $flags"
+    grep -A30 "most no_instruction" "$OUT/pc_$tag.txt"
+    tail -c 1200 "$OUT/pc_$tag.txt"
+    rm -f "$OUT/pc_$tag.ncu-rep"
+  done <<< "$1"
+  (cd "$OUT" && tar czf pc.tar.gz pc_* && rm -f pc_*.csv pc_*.log pc_*.err pc_*.txt)
+}
 
 case "${1:-}" in
   ncu)
@@ -28,22 +50,24 @@ merge_state|Merge||--routine merge_state --batch-size 8192 --num-heads 32 --head
   pcsamp)
     [ -d build/devpkg/flashinfer ] || MODULES="$ALL" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
     export PYTHONPATH=$PWD/build/devpkg
-    ncu --version | tail -1
-    while IFS='|' read -r tag regex flags; do
-      ncu --clock-control none --section SourceCounters --section WarpStateStats -k "regex:$regex" -s 2 -c 1 -f \
-        -o "$OUT/pc_$tag" python3 benchmarks/profile_case.py $flags > "$OUT/pc_$tag.log" 2>&1
-      ncu -i "$OUT/pc_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/pc_$tag.csv" 2> "$OUT/pc_$tag.err" ||
-        ncu -i "$OUT/pc_$tag.ncu-rep" --page source --csv > "$OUT/pc_$tag.csv" 2>> "$OUT/pc_$tag.err"
-      echo "== $tag: $flags"
-      python3 benchmarks/pc_stalls.py "$OUT/pc_$tag.csv" > "$OUT/pc_$tag.txt" 2>&1
-      head -c 2500 "$OUT/pc_$tag.txt"; echo; tail -c 1500 "$OUT/pc_$tag.txt"
-      gzip -f "$OUT/pc_$tag.csv"; rm -f "$OUT/pc_$tag.ncu-rep"
-    done <<< "dec4096|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
+    pc_samples "dec4096|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
 norm1|Norm|--routine rmsnorm --batch-size 1 --hidden-size 4096
 append1|Append|--routine append_paged_kv_cache --batch-size 1 --num-kv-heads 8 --head-dim 128 --page-size 16"
     ;;
+  host)
+    pip_build || exit 1
+    python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+    cat "$OUT/host.txt"
+    run_tests ${PYTEST_TIMEOUT:-300} tests/python/test_tensor_arg.py tests/python/test_framework.py \
+      tests/python/test_validation.py tests/python/test_norm.py tests/python/test_norm_variants.py \
+      tests/python/test_activation.py tests/python/test_rope.py tests/python/test_rope_variants.py \
+      tests/python/test_rope_validation.py tests/python/test_page.py tests/python/test_page_validation.py \
+      tests/python/test_page_decode.py tests/python/test_decode.py tests/python/test_decode_host.py
+    SAMPLING=0 pc_samples "dec4096|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
+dec32768|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 32768 --use-tensor-cores"
+    ;;
   *)
-    echo "usage: bash scripts/s31.sh ncu|pcsamp" >&2
+    echo "usage: bash scripts/s31.sh ncu|pcsamp|host" >&2
     exit 2
     ;;
 esac
