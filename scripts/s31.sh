@@ -9,17 +9,22 @@
 #   host   the package built; benchmarks/host_overhead.py (three routes in one process); the test
 #          files of the wrappers that changed; per-instruction samples of decode 1 x 4096 and
 #          1 x 32768 at the finest sampling interval
+#   warm   A/B of _decode variants (FLASHINFER_DECODE_WARM_MERGE, a temporary switch): head; 1: every
+#          CTA of a split request runs the merge's code after counting, the last one storing; 2:
+#          the merge a noinline function that every CTA runs once, storing nothing, when its first
+#          item starts (its code in the SM's instruction cache and L2 before the last CTA needs
+#          it); the decode test files on variant 2
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
 # ncu's per-instruction warp-state samples of the cases in $1 ("tag|kernel regex|bench case flags"
-# per line; SAMPLING: ncu's --sampling-interval, 2^(5 + n) cycles), each summarised by
+# per line; SAMPLING: ncu's --warp-sampling-interval, 2^(5 + n) cycles), each summarised by
 # benchmarks/pc_stalls.py; the CSVs and summaries in $OUT/pc.tar.gz
 pc_samples() {
   local tag regex flags
   ncu --version | tail -1
   while IFS='|' read -r tag regex flags; do
-    ncu --clock-control none --section SourceCounters --section WarpStateStats --sampling-interval "${SAMPLING:-auto}" \
+    ncu --clock-control none --section SourceCounters --section WarpStateStats --warp-sampling-interval "${SAMPLING:-auto}" \
       -k "regex:$regex" -s 2 -c 1 -f -o "$OUT/pc_$tag" python3 benchmarks/profile_case.py $flags > "$OUT/pc_$tag.log" 2>&1
     ncu -i "$OUT/pc_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/pc_$tag.csv" 2> "$OUT/pc_$tag.err"
     python3 benchmarks/pc_stalls.py "$OUT/pc_$tag.csv" > "$OUT/pc_$tag.txt" 2>&1
@@ -48,8 +53,10 @@ merge_state|Merge||--routine merge_state --batch-size 8192 --num-heads 32 --head
       bash scripts/gpu_ncu_metrics.sh 2>&1 | tee "$OUT/ncu_table.txt"
     ;;
   pcsamp)
-    [ -d build/devpkg/flashinfer ] || MODULES="$ALL" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
-    export PYTHONPATH=$PWD/build/devpkg
+    if ! python3 -c "import flashinfer" 2>/dev/null; then  # (an installed package: a warm machine of `host`)
+      [ -d build/devpkg/flashinfer ] || MODULES="$ALL" TEST_TIMEOUT=1 bash scripts/gpu_dev.sh > "$OUT/dev.txt" 2>&1
+      export PYTHONPATH=$PWD/build/devpkg
+    fi
     pc_samples "dec4096|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
 norm1|Norm|--routine rmsnorm --batch-size 1 --hidden-size 4096
 append1|Append|--routine append_paged_kv_cache --batch-size 1 --num-kv-heads 8 --head-dim 128 --page-size 16"
@@ -66,8 +73,13 @@ append1|Append|--routine append_paged_kv_cache --batch-size 1 --num-kv-heads 8 -
     SAMPLING=0 pc_samples "dec4096|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 4096 --use-tensor-cores
 dec32768|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 32768 --use-tensor-cores"
     ;;
+  warm)
+    VARIANTS=$'head|| \nend|-DFLASHINFER_DECODE_WARM_MERGE=1\nstart|-DFLASHINFER_DECODE_WARM_MERGE=2' \
+      CASES=benchmarks/sweeps/s31_warm.txt AB_TIMEOUT=${AB_TIMEOUT:-420} TEST_TIMEOUT=${TEST_TIMEOUT:-100} \
+      TESTS="${TESTS:-3:test_decode.py test_page_decode.py}" bash scripts/s24_ab.sh
+    ;;
   *)
-    echo "usage: bash scripts/s31.sh ncu|pcsamp|host" >&2
+    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm" >&2
     exit 2
     ;;
 esac
