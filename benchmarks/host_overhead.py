@@ -93,34 +93,36 @@ def main():
     print(f"{'host call':<42} {'median us':>9}")
     for name, fn in rows:
         print(f"{name:<42} {med_us(fn):9.2f}")
-    # The same Python calls by the two earlier routes, in one process (an A/B): every tensor
-    # through the framework's exporter (the identity) and the stream through its query
-    # (FRAMEWORK_STREAM), as session 30 left it; then torch tensors exported as capsules first and
-    # the stream asked in Python (the route before the exchange table, and the one without it).
+    # An A/B of the three routes in one process, interleaved per row (two rounds, each route in
+    # turn; host time drifts within a run, so sections timed one after the other do not compare):
+    # direct (the tensors as they are, FRAMEWORK_STREAM: the default with the exchange table);
+    # identity (each tensor through the framework's exporter, here the identity, and the stream
+    # through its query: session 30's route); capsule (torch._C._to_dlpack and the stream asked
+    # in Python: the route before the exchange table, and the one without it).
     fw = _ext.framework_of(x)
-    table_route, table_stream = fw.to_dlpack, fw.__dict__.pop("stream", None)  # (the class's query)
-    table_raw = wrapper._raw_stream
-    fw.direct = wrapper._direct = False
-    for title, export, stream in (
-            ("-- exported one by one (the identity), stream by the framework's query (FRAMEWORK_STREAM):",
-             table_route, table_stream),
-            ("-- torch tensors as capsules (torch._C._to_dlpack), the stream from _cuda_getCurrentRawStream:",
-             torch._C._to_dlpack, None)):
-        fw.to_dlpack = wrapper._to_dlpack = export
-        wrapper._raw_stream = table_raw if stream is not None else torch._C._cuda_getCurrentRawStream
-        if stream is not None:
-            fw.stream = stream
-        else:
-            fw.__dict__.pop("stream", None)
-        print(title)
-        for name, fn in rows:
-            if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope", "append", "decode")):
-                print(f"{name:<42} {med_us(fn):9.2f}")
-    fw.to_dlpack = wrapper._to_dlpack = table_route
-    wrapper._raw_stream = table_raw
-    fw.direct = wrapper._direct = _ext.torch_direct(torch)
-    if table_stream is not None:
-        fw.stream = table_stream
+    table_route, table_stream = fw.to_dlpack, fw.__dict__.get("stream")
+    table_raw, direct = wrapper._raw_stream, fw.direct
+
+    def route(kind):
+        fw.direct = wrapper._direct = direct and kind == "direct"
+        capsule = kind == "capsule"
+        fw.to_dlpack = wrapper._to_dlpack = torch._C._to_dlpack if capsule else table_route
+        wrapper._raw_stream = torch._C._cuda_getCurrentRawStream if capsule else table_raw
+        fw.__dict__.pop("stream", None)
+        if table_stream is not None and not capsule:
+            fw.stream = table_stream  # (capsule: the class's Python query)
+
+    kinds = ("direct", "identity", "capsule")
+    print(f"-- routes, interleaved, median us (round 1 / round 2): {' | '.join(kinds)}")
+    for name, fn in rows:
+        if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope", "append", "decode")):
+            t = {k: [] for k in kinds}
+            for _ in range(2):
+                for k in kinds:
+                    route(k)
+                    t[k].append(med_us(fn, n=5000))
+            print(f"{name:<42} " + " | ".join(f"{t[k][0]:6.2f} / {t[k][1]:6.2f}" for k in kinds))
+    route("direct")
 
 
 def decode_case():

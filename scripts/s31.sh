@@ -14,6 +14,8 @@
 #          the merge a noinline function that every CTA runs once, storing nothing, when its first
 #          item starts (its code in the SM's instruction cache and L2 before the last CTA needs
 #          it); the decode test files on variant 2
+#   final  the package built; host_overhead.py (the three routes interleaved); the closing bench
+#          (benchmarks/final_cases.txt); the test files `host` did not run, until TEST_TIMEOUT
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
@@ -78,8 +80,20 @@ dec32768|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 32768 --use-ten
       CASES=benchmarks/sweeps/s31_warm.txt AB_TIMEOUT=${AB_TIMEOUT:-420} TEST_TIMEOUT=${TEST_TIMEOUT:-100} \
       TESTS="${TESTS:-3:test_decode.py test_page_decode.py}" bash scripts/s24_ab.sh
     ;;
+  final)
+    pip_build || exit 1
+    python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+    tail -14 "$OUT/host.txt"
+    timeout ${BENCH_TIMEOUT:-250} python3 -m flashinfer.bench --testlist benchmarks/final_cases.txt \
+      --output-path "$OUT/bench.csv" > "$OUT/bench.txt" 2> "$OUT/bench.err"
+    echo "bench rc $?"
+    cut -c1-150 "$OUT/bench.txt"
+    run_tests ${TEST_TIMEOUT:-110} $(printf 'tests/python/%s ' test_cascade_validation.py test_sampling_validation.py \
+      test_topk.py test_quantization.py test_norm_quant.py test_norm_tuning.py test_sparse.py test_cascade.py \
+      test_cascade_wrappers.py test_bench.py test_mla.py)
+    ;;
   *)
-    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm" >&2
+    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm|final" >&2
     exit 2
     ;;
 esac

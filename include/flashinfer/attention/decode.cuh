@@ -231,48 +231,6 @@ FLASHINFER_DEVICE DecodeMergeInfo merge_info(const DecodeParams<T>& p, const Ite
   return mi;
 }
 
-#ifndef FLASHINFER_DECODE_WARM_MERGE
-#define FLASHINFER_DECODE_WARM_MERGE 0
-#endif
-// (S31 experiment) The merge of one (request, unit)'s partial states, heads qh0..qh0+ng, into
-// o / lse; store false: the same code runs, nothing is written.
-template <typename T, int kHeadDim>
-#if FLASHINFER_DECODE_WARM_MERGE == 2
-__device__ __noinline__ void
-#else
-FLASHINFER_DEVICE void
-#endif
-merge_rows(const float* partial_o, const float* partial_lse, T* o, float* lse_out, int num_qo_heads, int group_size,
-           int q_len, int64_t o_stride_n, int64_t o_stride_h, int64_t request, int64_t begin, int64_t n, int qh0,
-           int ng, bool store) {
-  constexpr int kV = 4;
-  constexpr int kTx = kHeadDim / kV;
-  for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
-    const int h = qh0 + w / kTx, d0 = (w % kTx) * kV;
-    float acc[kV];
-    const float lse = merge_partials<kHeadDim, kV>(partial_o, partial_lse, num_qo_heads, begin, n, h, d0, acc);
-    Vec<T, kV> ov;
-    ov.from_float(acc);
-    const DecodeQuery qr = decode_query(h, num_qo_heads, group_size, q_len, 0);
-    if (store) ov.store(o + decode_row_offset(qr, request, q_len, o_stride_n, o_stride_h) + d0);
-    if (store && lse_out && d0 == 0) lse_out[decode_lse_index(qr, request, q_len)] = lse;
-  }
-}
-
-// (S31 experiment, FLASHINFER_DECODE_WARM_MERGE == 2) The merge's code run once, nothing
-// written, by every CTA whose first item is split, while its first tiles are in flight: the
-// last CTA of a request otherwise fetches that code from DRAM after the flush (ncu: 84% of the
-// merging CTAs' samples waiting on instructions at 1 x 4096).
-template <typename T, int kHeadDim>
-FLASHINFER_DEVICE void warm_merge(const DecodeParams<T>& p, int64_t request, int qh0, int ng,
-                                  const DecodeMergeInfo mi) {
-#if FLASHINFER_DECODE_WARM_MERGE == 2
-  if (mi.num_chunks > 0)
-    merge_rows<T, kHeadDim>(p.partial_o, p.partial_lse, p.o, p.lse, p.num_qo_heads, p.group_size, p.q_len,
-                            p.o_stride_n, p.o_stride_h, request, mi.partial_begin, 1, qh0, ng, false);
-#endif
-}
-
 // Called by every thread of a CTA that just wrote a partial state: the CTA that completes a
 // (request, unit) merges that request's partial states of heads qh0..qh0+ng into the output
 // (a release / acquire count: the last one to count reads everyone's writes). Each
@@ -281,6 +239,8 @@ FLASHINFER_DEVICE void warm_merge(const DecodeParams<T>& p, int64_t request, int
 template <typename T, int kHeadDim>
 FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, int qh0, int ng,
                                      const DecodeMergeInfo mi) {
+  constexpr int kV = 4;
+  constexpr int kTx = kHeadDim / kV;
   __shared__ bool last;
   // The CTA's partial stores, then one acq_rel add by thread 0 (release: cumulative over the
   // barrier; acquire: the barrier after it orders every thread's loads of the other partials).
@@ -292,15 +252,19 @@ FLASHINFER_DEVICE void merge_if_last(const DecodeParams<T>& p, const Item& it, i
   if (threadIdx.x == 0) last = atomic_add_acq_rel_gpu(counter, 1) == mi.num_chunks - 1;
   __syncthreads();
   FLASHINFER_DECODE_MARK(p, 6, last);
-#if FLASHINFER_DECODE_WARM_MERGE == 1
-  const bool run = true;  // (S31 experiment) every CTA runs the merge's code; the last one stores
-#else
-  const bool run = last;
-#endif
-  if (!run) return;
-  merge_rows<T, kHeadDim>(p.partial_o, p.partial_lse, p.o, p.lse, p.num_qo_heads, p.group_size, p.q_len, p.o_stride_n,
-                          p.o_stride_h, it.request, mi.partial_begin, mi.num_chunks, qh0, ng, last);
-  if (threadIdx.x == 0 && last) *counter = 0;  // ready for the next run (and CUDA-graph replays)
+  if (!last) return;
+  for (int w = threadIdx.x; w < ng * kTx; w += blockDim.x) {
+    const int h = qh0 + w / kTx, d0 = (w % kTx) * kV;
+    float o[kV];
+    const float lse =
+        merge_partials<kHeadDim, kV>(p.partial_o, p.partial_lse, p.num_qo_heads, mi.partial_begin, mi.num_chunks, h, d0, o);
+    Vec<T, kV> ov;
+    ov.from_float(o);
+    const DecodeQuery qr = decode_query(h, p.num_qo_heads, p.group_size, p.q_len, 0);
+    ov.store(p.o + decode_row_offset(qr, it.request, p.q_len, p.o_stride_n, p.o_stride_h) + d0);
+    if (p.lse && d0 == 0) p.lse[decode_lse_index(qr, it.request, p.q_len)] = lse;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next run (and CUDA-graph replays)
   FLASHINFER_DECODE_MARK(p, 7, 1);
 }
 

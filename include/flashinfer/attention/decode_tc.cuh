@@ -406,7 +406,6 @@ __global__ void __launch_bounds__(kDecodeThreads,
         qa[ks][1] = row_ok ? hi2 : 0u;
       }
     }
-    if (item == static_cast<int32_t>(blockIdx.x)) detail::warm_merge<T, kHeadDim>(p, b, qh0, ng, mi);
     // Score scale per column of S^T (head tig * 2 + e); bf16 q with fp8 caches: q scaled into
     // fp16 (see the top), the inverse power of two folded in here.
     float sc_scale[2] = {s_scale, s_scale};
