@@ -96,14 +96,14 @@ def main():
     # An A/B of the three routes in one process, interleaved per row (two rounds, each route in
     # turn; host time drifts within a run, so sections timed one after the other do not compare):
     # direct (the tensors as they are, FRAMEWORK_STREAM: the default with the exchange table);
-    # identity (each tensor through the framework's exporter, here the identity, and the stream
-    # through its query: session 30's route); capsule (torch._C._to_dlpack and the stream asked
-    # in Python: the route before the exchange table, and the one without it).
+    # general (_ext.export_args: each tensor through its framework's exporter, here the identity,
+    # and the stream through its query; the route of calls that mix frameworks); capsule
+    # (torch._C._to_dlpack and the stream asked in Python: the route without the exchange table).
     fw = _ext.framework_of(x)
     table_route, table_stream = fw.to_dlpack, fw.__dict__.get("stream")
     table_raw, direct = wrapper._raw_stream, fw.direct
 
-    def route(kind):
+    def route(kind):  # (not `k`: the rope rows' lambdas close over main's k)
         fw.direct = wrapper._direct = direct and kind == "direct"
         capsule = kind == "capsule"
         fw.to_dlpack = wrapper._to_dlpack = torch._C._to_dlpack if capsule else table_route
@@ -112,16 +112,16 @@ def main():
         if table_stream is not None and not capsule:
             fw.stream = table_stream  # (capsule: the class's Python query)
 
-    kinds = ("direct", "identity", "capsule")
+    kinds = ("direct", "general", "capsule")
     print(f"-- routes, interleaved, median us (round 1 / round 2): {' | '.join(kinds)}")
     for name, fn in rows:
         if name.startswith(("rmsnorm", "fused_add", "silu", "apply_rope", "append", "decode")):
-            t = {k: [] for k in kinds}
+            t = {kind: [] for kind in kinds}
             for _ in range(2):
-                for k in kinds:
-                    route(k)
-                    t[k].append(med_us(fn, n=5000))
-            print(f"{name:<42} " + " | ".join(f"{t[k][0]:6.2f} / {t[k][1]:6.2f}" for k in kinds))
+                for kind in kinds:
+                    route(kind)
+                    t[kind].append(med_us(fn, n=5000))
+            print(f"{name:<42} " + " | ".join(f"{t[kind][0]:6.2f} / {t[kind][1]:6.2f}" for kind in kinds))
     route("direct")
 
 

@@ -16,6 +16,8 @@
 #          it); the decode test files on variant 2
 #   final  the package built; host_overhead.py (the three routes interleaved); the closing bench
 #          (benchmarks/final_cases.txt); the test files `host` did not run, until TEST_TIMEOUT
+#   host2  (host_overhead.py's A/B loop had rebound the `k` its RoPE rows use) the package built
+#          unless installed; host_overhead.py; test_prefill and the reference files
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
@@ -92,8 +94,15 @@ dec32768|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 32768 --use-ten
       test_topk.py test_quantization.py test_norm_quant.py test_norm_tuning.py test_sparse.py test_cascade.py \
       test_cascade_wrappers.py test_bench.py test_mla.py)
     ;;
+  host2)
+    python3 -c "import flashinfer" 2>/dev/null || pip_build || exit 1
+    python3 benchmarks/host_overhead.py > "$OUT/host.txt" 2>&1
+    cat "$OUT/host.txt"
+    run_tests ${TEST_TIMEOUT:-100} tests/python/test_prefill.py tests/python/test_reference.py \
+      tests/python/test_reference_cascade.py tests/python/test_reference_sampling.py
+    ;;
   *)
-    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm|final" >&2
+    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm|final|host2" >&2
     exit 2
     ;;
 esac
