@@ -680,6 +680,7 @@ def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_sc
     layout = _layout_code(kv_layout)
     pos = _pos_code(pos_encoding_mode)
     fw = framework_of(q, "q")
+    framework_of(k, "k"), framework_of(v, "v")  # (a non-tensor: a TypeError naming it)
     if len(q.shape) != 2:
         raise ValueError(f"single_decode_with_kv_cache: q must be 2-D [num_qo_heads, head_dim]; got shape {tuple(q.shape)}")
     if len(k.shape) != 3:

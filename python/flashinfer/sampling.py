@@ -550,6 +550,11 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
     ``emitted [B]`` (``t*``)); given count tensors are incremented in place and returned.
     """
     fw = framework_of(draft_probs, "draft_probs")
+    for name, x in (("draft_token_ids", draft_token_ids), ("target_probs", target_probs),
+                    ("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
+                    ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num)):
+        if x is not None or name[0] != "m":
+            framework_of(x, name)  # (a non-tensor: a TypeError naming it)
     draft_probs = _cast(fw, draft_probs, "float32")
     draft_token_ids = _cast(fw, draft_token_ids, "int32")
     target_probs = _cast(fw, target_probs, "float32")

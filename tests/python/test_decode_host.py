@@ -37,3 +37,16 @@ def test_page_table_check_exact_and_graph_tail():
         decode._check_page_table(indptr, exact[:2], last, 16, allow_tail=True)
     with pytest.raises(ValueError, match="indices must be >= 0"):  # the prefix is still checked
         decode._check_page_table(indptr, np.array([7, -1, 9, 0]), last, 16, allow_tail=True)
+
+
+def test_single_decode_non_tensor_is_a_type_error_naming_it():
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    qkv = dict(q=torch.randn(32, 128, dtype=torch.float16), k=torch.randn(16, 8, 128, dtype=torch.float16),
+               v=torch.randn(16, 8, 128, dtype=torch.float16))
+    for arg in qkv:
+        for value in ([0, 1], 2.5, None):
+            with pytest.raises(TypeError, match=f"^{arg} must be a tensor supporting DLPack .*; got "
+                                                f"{type(value).__name__}$"):
+                decode.single_decode_with_kv_cache(**dict(qkv, **{arg: value}))

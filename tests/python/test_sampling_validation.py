@@ -181,6 +181,18 @@ def test_softmax_arguments():
             fs.softmax(x, temperature=t)
 
 
+@pytest.mark.parametrize("arg", ["draft_probs", "draft_token_ids", "target_probs", "maybe_output_accepted_token_num",
+                                 "maybe_output_emitted_draft_token_num"])
+@pytest.mark.parametrize("value", [[0, 1], 2.5])
+def test_chain_speculative_non_tensor_is_a_type_error_naming_it(arg, value):
+    b, n = 3, 2
+    args = dict(draft_probs=probs(b * n).view(b, n, V), draft_token_ids=torch.randint(0, V, (b, n)),
+                target_probs=probs(b * (n + 1)).view(b, n + 1, V))
+    args[arg] = value
+    with pytest.raises(TypeError, match=f"^{arg} must be a tensor supporting DLPack .*; got {type(value).__name__}$"):
+        fs.chain_speculative_sampling(**args)
+
+
 def test_chain_speculative_shapes():
     b, n = 3, 2
     draft = probs(b * n).view(b, n, V)
