@@ -18,6 +18,9 @@
 #          (benchmarks/final_cases.txt); the test files `host` did not run, until TEST_TIMEOUT
 #   host2  (host_overhead.py's A/B loop had rebound the `k` its RoPE rows use) the package built
 #          unless installed; host_overhead.py; test_prefill and the reference files
+#   last   the package built; the chain-speculative tests of test_sampling, the decode and RoPE
+#          files, test_sampling_validation (single decode's and chain_speculative_sampling's
+#          argument checks changed after `final`)
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
@@ -101,8 +104,13 @@ dec32768|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 32768 --use-ten
     run_tests ${TEST_TIMEOUT:-100} tests/python/test_prefill.py tests/python/test_reference.py \
       tests/python/test_reference_cascade.py tests/python/test_reference_sampling.py
     ;;
+  last)
+    pip_build || exit 1
+    run_tests ${TEST_TIMEOUT:-150} tests/python/test_sampling.py -k "chain_speculative" tests/python/test_decode.py \
+      tests/python/test_decode_host.py tests/python/test_sampling_validation.py tests/python/test_rope.py
+    ;;
   *)
-    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm|final|host2" >&2
+    echo "usage: bash scripts/s31.sh ncu|pcsamp|host|warm|final|host2|last" >&2
     exit 2
     ;;
 esac
