@@ -106,7 +106,8 @@ dec32768|DecodeTC|--routine batch_decode --batch-size 1 --kv-len 32768 --use-ten
     ;;
   last)
     pip_build || exit 1
-    run_tests ${TEST_TIMEOUT:-150} tests/python/test_sampling.py -k "chain_speculative" tests/python/test_decode.py \
+    run_tests ${TEST_TIMEOUT:-150} $(printf 'tests/python/test_sampling.py::test_chain_speculative_%s ' structure \
+      counts_of_another_dtype_are_incremented_in_place output_is_target_distribution) tests/python/test_decode.py \
       tests/python/test_decode_host.py tests/python/test_sampling_validation.py tests/python/test_rope.py
     ;;
   *)
