@@ -524,7 +524,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         except TypeError:
             if v_cache is None:
                 require_tensors(paged_kv_cache=k_cache, out=out, lse=lse)
-            require_tensors(**{"paged_kv_cache[0]": k_cache, "paged_kv_cache[1]": v_cache}, out=out, lse=lse)
+            else:
+                require_tensors(**{"paged_kv_cache[0]": k_cache, "paged_kv_cache[1]": v_cache}, out=out, lse=lse)
             raise
         if v_scale is not None and v_scale != 1:
             out.mul_(v_scale)
