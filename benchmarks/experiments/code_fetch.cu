@@ -6,28 +6,7 @@
 // access, or a cold global load first (the code after it is fetched while the load waits?); one
 // CTA, or one CTA per SM (every SM's instruction caches miss; L2 serves all but the first).
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o code_fetch benchmarks/experiments/code_fetch.cu && ./code_fetch
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <vector>
-
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                         \
-    }                                                                                   \
-  } while (0)
-
-__global__ void empty_kernel() {}
-
-__global__ void sleep_kernel(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
+#include "bench_method.cuh"
 
 template <int N, bool kLoop, bool kLoad>
 __global__ void __launch_bounds__(128) code_kernel(const float* in, float a, float b, float* sink) {
@@ -56,32 +35,6 @@ __global__ void __launch_bounds__(128) code_kernel(const float* in, float a, flo
   if (s == 1234.5f) sink[0] = s;
 }
 
-struct Timer {
-  char* flush;
-  size_t flush_bytes;
-  template <class F>
-  float median_us(F&& launch, int reps = 41) {
-    sleep_kernel<<<1, 1>>>(20000000);  // ~10 ms: the host's enqueue hides behind it
-    std::vector<cudaEvent_t> e0(reps), e1(reps);
-    for (int r = 0; r < reps; ++r) {
-      cudaEventCreate(&e0[r]), cudaEventCreate(&e1[r]);
-      cudaMemsetAsync(flush, 0, flush_bytes);
-      cudaEventRecord(e0[r]);
-      launch();
-      cudaEventRecord(e1[r]);
-    }
-    cudaDeviceSynchronize();
-    std::vector<float> t(reps);
-    for (int r = 0; r < reps; ++r) {
-      cudaEventElapsedTime(&t[r], e0[r], e1[r]);
-      t[r] *= 1000.f;
-      cudaEventDestroy(e0[r]), cudaEventDestroy(e1[r]);
-    }
-    std::sort(t.begin(), t.end());
-    return t[reps / 2];
-  }
-};
-
 template <int N>
 void row(Timer& tm, int sms, const float* in, float* sink) {
   float t[2][2][2];  // [load][grid][loop]
@@ -106,14 +59,16 @@ int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
-  std::printf("%s, %d SMs; us, median of 41; each pair: straight-line / loop\n", prop.name, sms);
+  std::printf("%s, %d SMs; us, median of 40; each pair: straight-line / loop\n", prop.name, sms);
   char* flush;
   float *in, *sink;
   CK(cudaMalloc(&flush, size_t{256} << 20));
   CK(cudaMalloc(&in, sms * 128 * sizeof(float)));
   CK(cudaMalloc(&sink, 64));
   CK(cudaMemset(in, 0, sms * 128 * sizeof(float)));
-  Timer tm{flush, size_t{256} << 20};
+  unsigned* usink;
+  CK(cudaMalloc(&usink, 64));
+  Timer tm{flush, size_t{256} << 20, false, usink, sms};
   for (int round = 0; round < 2; ++round) {
     std::printf("round %d: empty kernel %.2f us\n", round, tm.median_us([&] { empty_kernel<<<1, 32>>>(); }));
     row<64>(tm, sms, in, sink);
