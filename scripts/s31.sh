@@ -9,7 +9,7 @@
 #   host   the package built; benchmarks/host_overhead.py (three routes in one process); the test
 #          files of the wrappers that changed; per-instruction samples of decode 1 x 4096 and
 #          1 x 32768 at the finest sampling interval
-#   warm   A/B of _decode variants (FLASHINFER_DECODE_WARM_MERGE, a temporary switch): head; 1: every
+#   warm   A/B of _decode variants (FLASHINFER_DECODE_WARM_MERGE: a temporary switch, gone now): head; 1: every
 #          CTA of a split request runs the merge's code after counting, the last one storing; 2:
 #          the merge a noinline function that every CTA runs once, storing nothing, when its first
 #          item starts (its code in the SM's instruction cache and L2 before the last CTA needs

@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, Tuple
 
-__all__ = ["framework_of", "to_dlpack", "export_args", "require_tensors", "torch_exporter", "torch_direct",
-           "torch_stream_source", "Framework", "ArgumentError", "FRAMEWORK_STREAM"]
+__all__ = ["framework_of", "to_dlpack", "export_args", "require_tensors", "not_a_tensor", "torch_exporter",
+           "torch_direct", "torch_stream_source", "Framework", "ArgumentError", "FRAMEWORK_STREAM"]
 
 
 class ArgumentError(ValueError, RuntimeError):
@@ -232,7 +232,7 @@ def _resolve(x: Any, name: str) -> Framework:
     elif hasattr(x, "__dlpack__"):
         fw = _GENERIC
     else:
-        raise _not_a_tensor(name, x)
+        raise not_a_tensor(name, x)
     _BY_TYPE[t] = fw
     return fw
 
@@ -273,7 +273,8 @@ def export_args(fw: Framework, t: type, **tensors: Any) -> list:
     return out
 
 
-def _not_a_tensor(name: str, x: Any) -> TypeError:
+def not_a_tensor(name: str, x: Any) -> TypeError:
+    """The TypeError for a non-tensor where argument ``name`` takes a tensor."""
     return TypeError(f"{name} must be a tensor supporting DLPack (torch.Tensor, cupy.ndarray, ...); got "
                      f"{type(x).__name__}")
 
@@ -284,4 +285,4 @@ def require_tensors(**tensors: Any) -> None:
     re-raises the binding's error)."""
     for name, x in tensors.items():
         if x is not None and not hasattr(x, "__dlpack__"):
-            raise _not_a_tensor(name, x)
+            raise not_a_tensor(name, x)

@@ -22,8 +22,8 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _decode
-from ._ext import (FRAMEWORK_STREAM, framework_of, require_tensors, to_dlpack, torch_direct, torch_exporter,
-                   torch_stream_source)
+from ._ext import (FRAMEWORK_STREAM, framework_of, not_a_tensor, require_tensors, to_dlpack, torch_direct,
+                   torch_exporter, torch_stream_source)
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -494,8 +494,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise KeyError(f"paged_kv_cache tuple must be (k_cache, v_cache); got {len(paged_kv_cache)} items")
             k_cache, v_cache = paged_kv_cache
             if v_cache is None:
-                raise TypeError("paged_kv_cache[1] must be a tensor supporting DLPack (torch.Tensor, cupy.ndarray, "
-                                "...); got NoneType")
+                raise not_a_tensor("paged_kv_cache[1]", v_cache)
         elif hasattr(paged_kv_cache, "data_ptr"):
             k_cache, v_cache = paged_kv_cache, None
         else:
@@ -681,7 +680,8 @@ def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_sc
     layout = _layout_code(kv_layout)
     pos = _pos_code(pos_encoding_mode)
     fw = framework_of(q, "q")
-    framework_of(k, "k"), framework_of(v, "v")  # (a non-tensor: a TypeError naming it)
+    framework_of(k, "k")  # (a non-tensor: a TypeError naming it)
+    framework_of(v, "v")
     if len(q.shape) != 2:
         raise ValueError(f"single_decode_with_kv_cache: q must be 2-D [num_qo_heads, head_dim]; got shape {tuple(q.shape)}")
     if len(k.shape) != 3:
