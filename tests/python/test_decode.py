@@ -1092,3 +1092,29 @@ def test_out_on_another_device_is_named():
     k = torch.randn(2, 16, 8, 128, dtype=torch.float16, device=CUDA)
     with pytest.raises(ValueError, match="out must be a CUDA tensor"):
         w.run(q, (k, k), out=torch.empty(1, 8, 128, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("form", ["tuple", "5d"])
+def test_run_names_a_non_tensor_argument(form):
+    """run() after a plan: a cache element, out or lse that is no tensor raises a TypeError
+    naming it (the binding's generic error is caught and replaced); a valid call afterwards
+    still matches the reference."""
+    lens, ps, hq, hkv, d = [40, 17], 16, 8, 2, 128
+    cache, k, v, indptr, indices, last = make_cache(lens, ps, hkv, d, torch.float16, "NHD", form=form)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=CUDA), "NHD",
+                                                      use_tensor_cores=True)
+    w.plan(torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
+           torch.tensor(last, dtype=torch.int32), hq, hkv, d, ps, q_data_type=torch.float16)
+    q = torch.randn(len(lens), hq, d, dtype=torch.float16, device=CUDA)
+    names = {"out": dict(out=[0.0]), "lse": dict(lse=[0.0], return_lse=True)}
+    if form == "tuple":
+        names["paged_kv_cache\\[1\\]"] = dict(paged_kv_cache=(k, None))
+        names["paged_kv_cache\\[0\\]"] = dict(paged_kv_cache=([0.0], v))
+    for name, kwargs in names.items():
+        with pytest.raises(TypeError, match=f"^{name} must be a tensor supporting DLPack .*; got "):
+            w.run(q, kwargs.pop("paged_kv_cache", cache), **kwargs)
+    o = w.run(q, cache)
+    for b in range(len(lens)):
+        kk, vv = gather_pages(k, v, "NHD", indptr, indices, last, b)
+        ref, _ = decode_one(q[b], kk, vv, sm_scale=1.0 / math.sqrt(d))
+        assert_attention_close(o[b], ref)
