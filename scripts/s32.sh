@@ -13,11 +13,13 @@
 #          merging CTA stores zeros instead of folding the partial states; 2, no count and no
 #          merge after the partial write
 #   staged the tensor-core kernel's split merge folding through shared memory (merge_staged)
-#          against the register fold (temporary FLASHINFER_MERGE_STAGED=0), three rounds; the
-#          decode and cascade-wrapper test files on the staged build
+#          against the register fold (temporary FLASHINFER_MERGE_STAGED=0), ROUNDS rounds
+#          (default 3; call 4 ran ROUNDS=2 TEST_TIMEOUT=120); the decode and cascade-wrapper test
+#          files on the staged build
 #   final  the package built; the closing bench (benchmarks/final_cases.txt); run()'s new
 #          non-tensor test and the test files session 31 did not run (batch prefill, the
 #          samplers), until TEST_TIMEOUT
+# (every switch named here was a temporary #if of decode.cuh / decode_tc.cuh; the tree has none)
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 
