@@ -90,6 +90,25 @@ void check_no_self_overlap(const char* op, const MutTensor& t, const char* name)
              "overlapping view); got shape " + fb::shape_str(t) + " and strides " + fb::stride_str(t));
 }
 
+// merge_state_in_place writes v and s while its threads read v_other and s_other: two of these
+// may share a byte only by being the very same view (then each element is read and written by
+// one thread). v tensors are rows of head_dim elements, s tensors rows of one.
+void check_apart(const fb::Checker& c, const MutTensor& w, const char* w_name, const MutTensor& r, const char* r_name) {
+  bool same = w.data() == r.data() && w.ndim() == r.ndim() && w.itemsize() == r.itemsize();
+  for (size_t i = 0; same && i < w.ndim(); ++i) same = w.shape(i) == r.shape(i) && w.stride(i) == r.stride(i);
+  if (same) return;
+  auto rows = [](const MutTensor& t, int64_t* n, int64_t* bytes) {
+    *n = int64_t(t.shape(0)) * int64_t(t.shape(1));
+    *bytes = (t.ndim() == 3 ? int64_t(t.shape(2)) : 1) * int64_t(t.itemsize());
+    return fb::in_bytes(flashinfer::RowLayout{int64_t(t.shape(1)), t.stride(0), t.stride(1)}, int64_t(t.itemsize()));
+  };
+  int64_t wn, wb, rn, rb;
+  const flashinfer::RowLayout lw = rows(w, &wn, &wb), lr = rows(r, &rn, &rb);
+  if (flashinfer::tensors_intersect(lw, wn, wb, lr, rn, rb, fb::byte_delta(w, r)))
+    fb::fail(std::string(c.op) + ": " + r_name + " must not overlap " + w_name + " in memory (the kernel writes " +
+             w_name + "), unless it is the same tensor");
+}
+
 StateStrides strides_of(const MutTensor& v, const MutTensor& s) {
   return StateStrides{stride_of(v, 0), stride_of(v, 1), stride_of(s, 0), stride_of(s, 1)};
 }
@@ -121,6 +140,12 @@ void merge_state_impl(const char* op, const char* na, const char* nsa, const cha
   }
   check_no_self_overlap(op, v_out ? *v_out : v_a, v_out ? "v_merged" : na);
   check_no_self_overlap(op, v_out ? *s_out : s_a, v_out ? "s_merged" : nsa);
+  if (!v_out) {  // in place: v_a and s_a are written while v_b and s_b are read
+    check_apart(c, v_a, na, s_a, nsa);
+    for (const MutTensor* w : {&v_a, &s_a})
+      for (auto [r, r_name] : {std::pair<const MutTensor*, const char*>{&v_b, nb_}, {&s_b, nsb}})
+        check_apart(c, *w, w == &v_a ? na : nsa, *r, r_name);
+  }
   if (mask) {
     c.ndim_in(*mask, "mask", {1}, "1-D [seq_len]");
     const auto d = mask->dtype();

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "common.h"
 #include "dispatch_dtype.h"
@@ -19,8 +20,24 @@ namespace {
 
 // eps as the kernels add it under the square root: a finite number >= 0.
 void check_eps(const char* op, double eps) {
-  if (!std::isfinite(eps) || eps < 0.0)
-    fb::fail(std::string(op) + ": eps must be a finite number >= 0; got " + std::to_string(eps));
+  if (!std::isfinite(static_cast<float>(eps)) || eps < 0.0)  // (the kernels take it as a float)
+  {
+    char shown[32];
+    std::snprintf(shown, sizeof(shown), "%g", eps);
+    fb::fail(std::string(op) + ": eps must be a finite float32 number >= 0; got " + shown);
+  }
+}
+
+// A 1-D parameter every row reads (weight, gemma, beta) must not share a byte with a tensor the
+// kernel writes (rows of `hidden` elements laid out by lw), or rows read it half rewritten.
+void check_param_apart(const fb::Checker& c, const MutTensor& written, const char* w_name,
+                       const flashinfer::RowLayout& lw, int64_t rows, int64_t hidden, const MutTensor& param,
+                       const char* p_name) {
+  const int64_t ew = static_cast<int64_t>(written.itemsize()), ep = static_cast<int64_t>(param.itemsize());
+  if (flashinfer::tensors_intersect(fb::in_bytes(lw, ew), rows, hidden * ew, flashinfer::RowLayout{}, 1,
+                                    hidden * ep, fb::byte_delta(written, param)))
+    fb::fail(std::string(c.op) + ": " + p_name + " must not overlap " + w_name + " in memory (the kernel writes " +
+             w_name + " while every row reads " + p_name + ")");
 }
 
 // A 2-D fp16/bf16 input with a contiguous last dimension: its dtype, and hidden size (> 0).
@@ -60,6 +77,7 @@ void rmsnorm(const char* op, MutTensor input, MutTensor weight, MutTensor out, d
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
   c.rows_disjoint(out, "out", out_l, out_rows, hidden);
   c.out_apart(out, out_l, hidden, input, "input", in_l, hidden, rows, {0});
+  check_param_apart(c, out, "out", out_l, rows, hidden, weight, "weight");
   const int dev = c.cuda_device({{&input, "input"}, {&weight, "weight"}, {&out, "out"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);
@@ -91,6 +109,8 @@ void fused_add_rmsnorm(const char* op, MutTensor input, MutTensor residual, MutT
   c.rows_disjoint(input, "input", in_l, rows, hidden);  // both are written in place
   c.rows_disjoint(residual, "residual", res_l, res_rows, hidden);
   c.no_overlap(input, "input", in_l, residual, "residual", res_l, rows, hidden);
+  check_param_apart(c, input, "input", in_l, rows, hidden, weight, "weight");
+  check_param_apart(c, residual, "residual", res_l, rows, hidden, weight, "weight");
   const int dev = c.cuda_device({{&input, "input"}, {&residual, "residual"}, {&weight, "weight"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);
@@ -126,6 +146,8 @@ void layernorm(MutTensor input, MutTensor gemma, MutTensor beta, MutTensor out, 
   const flashinfer::RowLayout out_l = c.rows(out, "out", &out_rows);
   c.rows_disjoint(out, "out", out_l, out_rows, hidden);
   c.out_apart(out, out_l, hidden, input, "input", in_l, hidden, rows, {0});
+  check_param_apart(c, out, "out", out_l, rows, hidden, gemma, "gemma");
+  check_param_apart(c, out, "out", out_l, rows, hidden, beta, "beta");
   const int dev = c.cuda_device({{&input, "input"}, {&gemma, "gemma"}, {&beta, "beta"}, {&out, "out"}});
   if (rows == 0) return;
   fb::DeviceGuard guard(op, dev);
@@ -203,7 +225,9 @@ void rmsnorm_quant(const char* op, MutTensor out, MutTensor input, std::optional
     c.rows_disjoint(*residual, "residual", res_l, rows, hidden);  // written
     check_quant_apart(c, *residual, "residual", res_l, input, "input", in_l, rows, hidden);
     check_quant_apart(c, out, "out", out_l, *residual, "residual", res_l, rows, hidden);
+    check_param_apart(c, *residual, "residual", res_l, rows, hidden, weight, "weight");
   }
+  check_param_apart(c, out, "out", out_l, rows, hidden, weight, "weight");
   const float* scale_p = quant_scale(c, scale_t, scale);
   const int dev = residual ? c.cuda_device({{&out, "out"}, {&input, "input"}, {&*residual, "residual"},
                                             {&weight, "weight"}})
@@ -247,6 +271,8 @@ void layernorm_quant(MutTensor out, MutTensor input, MutTensor gemma, MutTensor 
   const flashinfer::RowLayout out_l = c.rows(out, "out", &n);
   c.rows_disjoint(out, "out", out_l, rows, hidden);
   check_quant_apart(c, out, "out", out_l, input, "input", in_l, rows, hidden);
+  check_param_apart(c, out, "out", out_l, rows, hidden, gemma, "gemma");
+  check_param_apart(c, out, "out", out_l, rows, hidden, beta, "beta");
   const float* scale_p = quant_scale(c, scale_t, scale);
   const int dev = c.cuda_device({{&out, "out"}, {&input, "input"}, {&gemma, "gemma"}, {&beta, "beta"}});
   if (scale_t) c.cuda_device({{&input, "input"}, {&*scale_t, "scale"}});

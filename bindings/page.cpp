@@ -152,6 +152,24 @@ CacheView cache_view(const fb::Checker& c, const MutTensor& a, const MutTensor& 
   return cv;
 }
 
+// The cache entries the append may write (K and V of every page, slot and head: head_dim
+// elements each) must be apart in memory, or writes race or land in the other cache (an
+// expand()ed dim, K and V views that overlap); and a page holds at least one slot.
+void check_cache_apart(const fb::Checker& c, const CacheView& cv, const MutTensor& a, const MutTensor& b) {
+  if (cv.page_size < 1)
+    fb::fail(std::string(c.op) + ": paged_kv_cache's page_size must be >= 1; got shape " + fb::shape_str(a));
+  const int64_t e = a.dtype().bits / 8;
+  const int64_t size[4] = {cv.max_num_pages, cv.page_size, cv.num_heads, 2};
+  const int64_t stride[4] = {cv.stride_page * e, cv.stride_n * e, cv.stride_h * e,
+                             static_cast<int64_t>(reinterpret_cast<intptr_t>(cv.v) - reinterpret_cast<intptr_t>(cv.k))};
+  if (!flashinfer::strides_nest(4, size, stride, cv.head_dim * e))
+    fb::fail(std::string(c.op) + ": the entries of paged_kv_cache (K and V of every page, slot and head) must not " +
+             "overlap in memory (the kernel writes them); got " +
+             (b.is_valid() ? "k_cache of shape " + fb::shape_str(a) + " and strides " + fb::stride_str(a) +
+                                 ", v_cache " + std::to_string(stride[3]) + " bytes after it"
+                           : "shape " + fb::shape_str(a) + " and strides " + fb::stride_str(a)));
+}
+
 // Returns false, touching nothing, when an index tensor is not int32: Python then casts them
 // (FlashInfer's .int()) and calls again, so the common int32 call pays no dtype checks in Python.
 bool append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTensor batch_indices,
@@ -165,6 +183,7 @@ bool append_paged_kv_cache(MutTensor append_key, MutTensor append_value, MutTens
   if (kv_layout != 0 && kv_layout != 1) fb::fail(std::string(op) + ": kv_layout must be 0 (NHD) or 1 (HND)");
   const QKVLayout layout = static_cast<QKVLayout>(kv_layout);
   const CacheView cv = cache_view(c, cache_a, cache_b, layout);
+  check_cache_apart(c, cv, cache_a, cache_b);
   c.ndim_in(append_key, "append_key", {3}, "3-D [nnz, num_kv_heads, head_dim]");
   if (!same_dtype(append_key, cache_a))
     fb::fail(std::string(op) + ": append_key.dtype must equal the cache dtype (" + cache_dtype_name(cache_a) +
@@ -271,6 +290,23 @@ void get_batch_indices_positions(MutTensor append_indptr, MutTensor seq_lens, Mu
   int32_vector(c, batch_indices, "batch_indices", -1, "");
   const int64_t nnz = static_cast<int64_t>(batch_indices.shape(0));
   int32_vector(c, positions, "positions", nnz, "nnz");
+  // The outputs are written while other threads read the inputs: no shared byte (all four are
+  // contiguous 1-D tensors).
+  auto bytes = [](const MutTensor& t) {
+    const auto lo = reinterpret_cast<uintptr_t>(t.data());
+    return std::pair<uintptr_t, uintptr_t>{lo, lo + t.shape(0) * t.itemsize()};
+  };
+  const std::pair<const MutTensor*, const char*> outs[2] = {{&batch_indices, "batch_indices"}, {&positions, "positions"}};
+  const std::pair<const MutTensor*, const char*> others[3] = {
+      {&positions, "positions"}, {&append_indptr, "append_indptr"}, {&seq_lens, "seq_lens"}};
+  for (const auto& [o, o_name] : outs)
+    for (const auto& [t, t_name] : others) {
+      if (o == t) continue;
+      const auto [olo, ohi] = bytes(*o);
+      const auto [tlo, thi] = bytes(*t);
+      if (olo < thi && tlo < ohi)
+        fb::fail(std::string(op) + ": " + o_name + " must not overlap " + t_name + " in memory (it is written)");
+    }
   const bool on_cpu = append_indptr.device_type() == nb::device::cpu::value;
   int dev = -1;
   if (on_cpu) {

@@ -172,4 +172,28 @@ inline bool tensors_intersect(const RowLayout& la, int64_t a_rows, int64_t a_byt
   return false;
 }
 
+// True when a view of n dims (sizes, strides in bytes) over rows of `width` bytes addresses no
+// byte twice: with its dims sorted by |stride|, each stride covers at least a row plus the span
+// of the dims below it. Sufficient, not necessary: dims that interleave without meeting are
+// refused; no layout a cache is allocated or sliced in does that. Dims of size 1 never
+// matter; an empty view addresses nothing. n <= 8.
+inline bool strides_nest(int n, const int64_t* size, const int64_t* stride, int64_t width) {
+  int64_t s[8];
+  int64_t c[8];
+  int m = 0;
+  for (int i = 0; i < n && i < 8; ++i) {
+    if (size[i] == 0) return true;
+    if (size[i] == 1) continue;
+    int j = m++;
+    for (; j > 0 && s[j - 1] > detail::mag(stride[i]); --j) s[j] = s[j - 1], c[j] = c[j - 1];
+    s[j] = detail::mag(stride[i]), c[j] = size[i];
+  }
+  int64_t span = width;  // bytes from the first byte of the lowest row to the end of the highest
+  for (int i = 0; i < m; ++i) {
+    if (s[i] < span) return false;
+    span += (c[i] - 1) * s[i];
+  }
+  return true;
+}
+
 }  // namespace flashinfer

@@ -13,10 +13,11 @@ in page ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import _index_check, _page
-from ._ext import _BY_TYPE, FRAMEWORK_STREAM, framework_of, to_dlpack
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, framework_of, not_a_tensor, to_dlpack
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
 
@@ -41,12 +42,27 @@ def _int32_of(x: Any) -> Tuple[Any, Callable[[Any], Any]]:
     return entry
 
 
-def _as_int32(x: Any) -> Any:
-    """``x`` itself when it is int32, else a cast copy (FlashInfer casts index tensors with ``.int()``)."""
+def _is_integer(dtype: Any) -> bool:
+    kind = getattr(dtype, "kind", None)  # NumPy / CuPy dtypes
+    if kind is not None:
+        return kind in "iu"
+    return not (dtype.is_floating_point or dtype.is_complex) and str(dtype) != "torch.bool"
+
+
+def _as_int32(x: Any, name: str) -> Any:
+    """``x`` itself when it is int32, else a cast copy (FlashInfer casts index tensors with ``.int()``);
+    a tensor of floats, bools or complex numbers is refused rather than truncated. Under
+    ``FLASHINFER_CHECK_INDICES=1`` wider integers must also fit int32 (a check that reads them)."""
     e = _INT32.get(type(x))
     if e is None:
         e = _int32_of(x)
-    return x if x.dtype == e[0] else e[1](x)
+    if x.dtype == e[0]:
+        return x
+    if not _is_integer(x.dtype):
+        raise ValueError(f"{name}.dtype must be an integer type (int32; other integer types are cast); got {x.dtype}")
+    if _ic.enabled and x.shape[0] > 0 and (int(x.max()) > 2**31 - 1 or int(x.min()) < -2**31):
+        raise ValueError(f"{name} holds values outside int32 (min {int(x.min())}, max {int(x.max())})")
+    return e[1](x)
 
 
 def _split_cache(paged_kv_cache: Any) -> Tuple[Any, Any]:
@@ -117,9 +133,10 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         # an index tensor is not int32: cast them as FlashInfer does (.int()) and send again
         if err is not None:
             err = fw.to_dlpack(buf)
-        _page.append_paged_kv_cache(*_export(append_key, append_value, _as_int32(batch_indices),
-                                             _as_int32(positions), k_cache, v_cache, _as_int32(kv_indices),
-                                             _as_int32(kv_indptr), _as_int32(kv_last_page_len)), layout, stream, err)
+        _page.append_paged_kv_cache(*_export(append_key, append_value, _as_int32(batch_indices, "batch_indices"),
+                                             _as_int32(positions, "positions"), k_cache, v_cache,
+                                             _as_int32(kv_indices, "kv_indices"), _as_int32(kv_indptr, "kv_indptr"),
+                                             _as_int32(kv_last_page_len, "kv_last_page_len")), layout, stream, err)
 
 
 _NAMES = ("append_key", "append_value", "batch_indices", "positions", "paged_kv_cache", "paged_kv_cache[1]",
@@ -144,6 +161,8 @@ def _empty_int32(fw: Any, like: Any, n: int) -> Any:
 
 def _check_buffer(x: Any, nnz: int, name: str, like: Any) -> None:
     """FlashInfer's check_shape_dtype_device for a provided output buffer."""
+    if not hasattr(x, "__dlpack__") or not hasattr(x, "shape"):
+        raise not_a_tensor(name, x)
     if tuple(x.shape) != (nnz,):
         raise ValueError(f"Invalid shape of {name}: expected {(nnz,)}, got {tuple(x.shape)}")
     e = _INT32.get(type(x)) or _int32_of(x)
@@ -169,7 +188,10 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, bat
     ``[0, 1, 1, 2, 2, 2, 3, 3, 3, 3]`` and positions ``[4, 3, 4, 2, 3, 4, 1, 2, 3, 4]``.
     """
     fw = framework_of(append_indptr, "append_indptr")
-    nnz = int(nnz)
+    try:
+        nnz = operator.index(nnz)  # (an int, NumPy integer or integer 0-d tensor; not 2.7 truncated)
+    except TypeError:
+        raise TypeError(f"nnz must be an integer; got {type(nnz).__name__}") from None
     if nnz < 0:
         raise ValueError(f"nnz must be >= 0; got {nnz}")
     if batch_indices is None:
@@ -189,5 +211,21 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, bat
 
 def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
     r"""Sequence lengths of a paged cache: ``clamp(kv_indptr[1:] - kv_indptr[:-1] - 1, min=0) * page_size
-    + kv_last_page_len`` (dtype and device follow the inputs; works on the CPU)."""
+    + kv_last_page_len`` (dtype and device follow the inputs; works on the CPU). kv_indptr
+    ``[batch_size + 1]`` and kv_last_page_len ``[batch_size]`` are integer tensors, page_size an
+    integer >= 1 (else ``TypeError`` / ``ValueError`` naming the argument)."""
+    try:
+        page_size = operator.index(page_size)
+    except TypeError:
+        raise TypeError(f"page_size must be an integer; got {type(page_size).__name__}") from None
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1; got {page_size}")
+    for name, x in (("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
+        if not hasattr(x, "__dlpack__") or not hasattr(x, "shape"):
+            raise not_a_tensor(name, x)
+        if len(x.shape) != 1 or not _is_integer(x.dtype):
+            raise ValueError(f"{name} must be a 1-D integer tensor; got shape {tuple(x.shape)} and dtype {x.dtype}")
+    if kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1:
+        raise ValueError(f"kv_indptr must have kv_last_page_len.shape[0] + 1 (batch_size + 1) = "
+                         f"{kv_last_page_len.shape[0] + 1} elements; got {kv_indptr.shape[0]}")
     return (kv_indptr[1:] - kv_indptr[:-1] - 1).clip(0) * page_size + kv_last_page_len

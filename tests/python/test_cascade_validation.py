@@ -337,6 +337,39 @@ def test_read_only_states_may_be_broadcast():
         call("merge_state", v_a=args["v_other"], s_a=args["s_other"], v_b=args["v"], s_b=args["s"])
 
 
+def test_in_place_states_must_not_share_memory():
+    """merge_state_in_place writes v and s while it reads v_other and s_other: two of them may
+    share memory only by being the very same tensor (then each element is read and written by one
+    thread). Halves of one buffer interleaved by rows are apart."""
+    msg = "{r} must not overlap {w} in memory (the kernel writes {w}), unless it is the same tensor"
+    vb = torch.randn(5, 3, 64, dtype=F16)
+    sb = torch.randn(5, 3)
+    cases = [
+        (dict(v=vb[:4], v_other=vb[1:]), "v_other", "v"),
+        (dict(s=sb[:4], s_other=sb[1:]), "s_other", "s"),
+        (dict(v=vb[:4], s=vb.view(torch.float32).view(-1)[:12].view(4, 3)), "s", "v"),
+        (dict(v=vb[:4], v_other=vb[:4].transpose(0, 1).contiguous().transpose(0, 1)), None, None),
+    ]
+    for over, r, w in cases:
+        args = valid_args("merge_state_in_place")
+        args.update(over)
+        if r is None:  # apart (a copy, or another buffer): on to the device check
+            with device_error("merge_state_in_place"):
+                call("merge_state_in_place", **args)
+            continue
+        with value_error("merge_state_in_place", msg.format(r=r, w=w)):
+            call("merge_state_in_place", **args)
+    args = valid_args("merge_state_in_place")
+    args["v_other"], args["s_other"] = args["v"], args["s"]  # the same state twice: allowed
+    with device_error("merge_state_in_place"):
+        call("merge_state_in_place", **args)
+    both = torch.randn(4, 2, 3, 64, dtype=F16)  # [seq, 2, heads, d]: v and v_other interleaved by rows
+    args = valid_args("merge_state_in_place")
+    args["v"], args["v_other"] = both[:, 0], both[:, 1]
+    with device_error("merge_state_in_place"):
+        call("merge_state_in_place", **args)
+
+
 # --- non-tensors: TypeError --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", FUNCS)
@@ -360,8 +393,11 @@ Fake = FakeTensor
 
 
 def _merge_state_fakes(seq=2, heads=3, d=64, **overrides):
-    f = dict(v_a=Fake((seq, heads, d)), s_a=Fake((seq, heads), "f32"), v_b=Fake((seq, heads, d)),
-             s_b=Fake((seq, heads), "f32"), v_merged=Fake((seq, heads, d)), s_merged=Fake((seq, heads), "f32"))
+    """Capsules at made-up addresses 256 MiB apart (merge_state_in_place refuses states that share memory)."""
+    at = {k: (i + 1) << 28 for i, k in enumerate(("v_a", "s_a", "v_b", "s_b", "v_merged", "s_merged"))}
+    f = dict(v_a=Fake((seq, heads, d), data=at["v_a"]), s_a=Fake((seq, heads), "f32", data=at["s_a"]),
+             v_b=Fake((seq, heads, d), data=at["v_b"]), s_b=Fake((seq, heads), "f32", data=at["s_b"]),
+             v_merged=Fake((seq, heads, d), data=at["v_merged"]), s_merged=Fake((seq, heads), "f32", data=at["s_merged"]))
     f.update(overrides)
     return f
 

@@ -107,6 +107,46 @@ def test_tuple_form_errors():
         flashinfer.append_paged_kv_cache(**a)
 
 
+def test_cache_entries_that_overlap_are_refused():
+    """The append writes K and V of every page, slot and head: views whose entries share memory
+    (K and V one page apart in one buffer, an expanded K/V or slot dim) would race or write one
+    cache into the other; a page_size of 0 holds nothing. The layouts caches are allocated and
+    sliced in pass on to the device check."""
+    overlap = ("the entries of paged_kv_cache (K and V of every page, slot and head) must not overlap in memory "
+               "(the kernel writes them); got ")
+    buf = torch.zeros(8, 4, 2, 64, dtype=F16)
+    cases = {
+        "k_cache of shape (6, 4, 2, 64) and strides (512, 128, 64, 1), v_cache 1024 bytes after it":
+            (buf[:6], buf[1:7]),
+        "shape (6, 2, 4, 2, 64) and strides (512, 0, 128, 64, 1)":
+            torch.zeros(6, 1, 4, 2, 64, dtype=F16).expand(6, 2, 4, 2, 64),
+        "k_cache of shape (6, 4, 2, 64) and strides (512, 0, 64, 1), v_cache 512 bytes after it":
+            (buf[:6, :1].expand(6, 4, 2, 64), buf[:6, 2:3].expand(6, 4, 2, 64)),
+    }
+    for got, cache in cases.items():
+        a = args()
+        a["paged_kv_cache"] = cache
+        with raises(overlap + got):
+            flashinfer.append_paged_kv_cache(**a)
+    half = (6, 4, 2, 64), (512, 128, 32, 1)  # heads half a row apart, in two buffers
+    a = args()
+    a["paged_kv_cache"] = tuple(torch.zeros(6 * 512, dtype=F16).as_strided(*half) for _ in range(2))
+    with raises(overlap + "k_cache of shape (6, 4, 2, 64) and strides (512, 128, 32, 1), v_cache "):
+        flashinfer.append_paged_kv_cache(**a)
+    a = args()
+    a["paged_kv_cache"] = (torch.zeros(6, 0, 2, 64, dtype=F16), torch.zeros(6, 0, 2, 64, dtype=F16))
+    with raises("paged_kv_cache's page_size must be >= 1; got shape (6, 0, 2, 64)"):
+        flashinfer.append_paged_kv_cache(**a)
+    big = torch.zeros(12, 4, 2, 64, dtype=F16)
+    padded = [torch.zeros(6, 5, 2, 64, dtype=F16)[:, :4] for _ in range(2)]  # page strides beyond the page
+    for cache in ((big[:6], big[6:]), (big[6:], big[:6]), tuple(padded),
+                  torch.zeros(6, 2, 4, 2, 64, dtype=F16), torch.zeros(6, 2, 2, 4, 64, dtype=F16).transpose(2, 3)):
+        a = args()
+        a["paged_kv_cache"] = cache
+        with raises("append_key must be a CUDA tensor"):
+            flashinfer.append_paged_kv_cache(**a)
+
+
 def test_append_rows_errors():
     a = args()
     a["append_key"] = torch.zeros(5, 2, 64, dtype=torch.bfloat16)
@@ -162,6 +202,29 @@ def test_int64_index_tensors_are_cast():
     for name in ("batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_len"):
         a[name] = a[name].to(torch.int64)
     with raises("append_key must be a CUDA tensor"):
+        flashinfer.append_paged_kv_cache(**a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool, torch.complex64])
+def test_index_tensors_that_are_not_integers_are_refused(dtype):
+    """A float, bool or complex index tensor is refused (a cast would truncate 1.7 to 1 and write
+    an entry somewhere else), naming it."""
+    for name in ("batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_len"):
+        a = args()
+        a[name] = a[name].to(dtype)
+        with pytest.raises(ValueError, match=re.escape(f"{name}.dtype must be an integer type (int32; other integer "
+                                                       f"types are cast); got {dtype}")):
+            flashinfer.append_paged_kv_cache(**a)
+
+
+def test_wide_index_values_checked_in_index_check_mode(monkeypatch):
+    """int64 indices are cast; values beyond int32 would wrap to other entries, so the opt-in index
+    check (which reads the indices anyway) refuses them."""
+    from flashinfer import _index_check
+    monkeypatch.setattr(_index_check, "enabled", True)
+    a = args()
+    a["positions"] = torch.tensor([0, 1, 2, 3, 2**32 + 1])
+    with pytest.raises(ValueError, match=re.escape("positions holds values outside int32 (min 0, max 4294967297)")):
         flashinfer.append_paged_kv_cache(**a)
 
 
@@ -238,6 +301,54 @@ def test_get_seq_lens_on_cpu():
     assert got.tolist() == ref.seq_lens(indptr, last, 16) == [45, 8, 0, 22]
     want = torch.clamp(indptr[1:] - indptr[:-1] - 1, min=0) * 16 + last  # FlashInfer's formula
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_get_seq_lens_argument_errors():
+    indptr = torch.tensor([0, 3, 4, 4, 6], dtype=torch.int32)
+    last = torch.tensor([13, 8, 0, 6], dtype=torch.int32)
+    for page_size, exc, msg in ((0, ValueError, "page_size must be >= 1; got 0"),
+                                (-16, ValueError, "page_size must be >= 1; got -16"),
+                                (16.5, TypeError, "page_size must be an integer; got float")):
+        with pytest.raises(exc, match="^" + re.escape(msg) + "$"):
+            flashinfer.get_seq_lens(indptr, last, page_size)
+    with pytest.raises(ValueError, match=re.escape("kv_indptr must have kv_last_page_len.shape[0] + 1 (batch_size + "
+                                                   "1) = 2 elements; got 5")):
+        flashinfer.get_seq_lens(indptr, last[:1], 16)  # (a broadcast would hide the mismatch)
+    with pytest.raises(ValueError, match=re.escape("kv_indptr must be a 1-D integer tensor; got shape (5,) and dtype "
+                                                   "torch.float32")):
+        flashinfer.get_seq_lens(indptr.float(), last, 16)
+    with pytest.raises(ValueError, match=re.escape("kv_last_page_len must be a 1-D integer tensor; got shape () and "
+                                                   "dtype torch.int32")):
+        flashinfer.get_seq_lens(indptr[:2], last[0], 16)
+    with pytest.raises(TypeError, match="^kv_indptr must be a tensor supporting DLPack .*; got list$"):
+        flashinfer.get_seq_lens([0, 3], last[:1], 16)
+    assert flashinfer.get_seq_lens(indptr, last, torch.tensor(16)).tolist() == [45, 8, 0, 22]  # (an integer tensor)
+
+
+def test_batch_indices_positions_outputs_apart_and_named():
+    """Given outputs that share memory with each other or an input would be read after being
+    written (wrong answers): refused, naming them; a non-tensor buffer or a fractional nnz named."""
+    op = "get_batch_indices_positions"
+    indptr = torch.tensor([0, 2], dtype=torch.int32)
+    seq = torch.tensor([5], dtype=torch.int32)
+    both = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape(f"{op}: batch_indices must not overlap positions in memory (it is "
+                                                   "written)")):
+        flashinfer.get_batch_indices_positions(indptr, seq, 2, both[:2], both[1:3])
+    with pytest.raises(ValueError, match=re.escape(f"{op}: batch_indices must not overlap positions in memory")):
+        flashinfer.get_batch_indices_positions(indptr, seq, 2, both[:2], both[:2])
+    buf = torch.tensor([0, 2, 0, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape(f"{op}: positions must not overlap append_indptr in memory")):
+        flashinfer.get_batch_indices_positions(buf[:2], seq, 2, positions=buf[1:3])
+    with pytest.raises(ValueError, match=re.escape(f"{op}: batch_indices must not overlap seq_lens in memory")):
+        flashinfer.get_batch_indices_positions(indptr, buf[3:], 1, batch_indices=buf[3:])
+    bi, pos = flashinfer.get_batch_indices_positions(indptr, seq, 2, both[:2], both[2:])  # adjacent: fine
+    assert bi.tolist() == [0, 0] and pos.tolist() == [3, 4]
+    with pytest.raises(TypeError, match="^positions must be a tensor supporting DLPack .*; got list$"):
+        flashinfer.get_batch_indices_positions(indptr, seq, 2, positions=[0, 0])
+    for nnz, name in ((2.7, "float"), ("2", "str")):
+        with pytest.raises(TypeError, match=f"^nnz must be an integer; got {name}$"):
+            flashinfer.get_batch_indices_positions(indptr, seq, nnz)
 
 
 # --- the FLASHINFER_APPEND_VPT / FLASHINFER_APPEND_THREADS knobs ------------------------------

@@ -87,8 +87,9 @@ def test_input_dtype_must_be_fp16_or_bf16(name, bad):
 @pytest.mark.parametrize("name", NORMS)
 def test_eps_must_be_finite_and_non_negative(name):
     """A NaN / inf / negative eps would give NaN (or zero) rows without a word."""
-    for eps, shown in ((float("nan"), "nan"), (float("inf"), "inf"), (-1e-6, "-0.000001")):
-        with raises_value_error(name, f"eps must be a finite number >= 0; got {shown}"):
+    for eps, shown in ((float("nan"), "nan"), (float("inf"), "inf"), (-1e-6, "-1e-06"),
+                       (1e39, "1e+39")):  # (finite, but inf as the kernels' float32)
+        with raises_value_error(name, f"eps must be a finite float32 number >= 0; got {shown}"):
             call(name, **valid_args(name), eps=eps)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):  # 0 is allowed
         call(name, **valid_args(name), eps=0.0)
@@ -276,6 +277,24 @@ def test_activation_input_rows_must_fold_into_two_stride_levels(name):
         call(name, input=x)
 
 
+@pytest.mark.parametrize("name", WEIGHTED)
+def test_weight_must_not_overlap_a_written_tensor(name):
+    """Every row reads the weight while the kernel writes out (input and residual in place): a
+    weight inside one of them would be read half rewritten. Right after them: fine. (layernorm
+    writes only the output it allocates.)"""
+    for w in ("input", "residual") if name in FUSED else ("out",):
+        args = valid_args(name)
+        buf = torch.zeros(5 * 64, dtype=args["input"].dtype)
+        args[w] = buf[:4 * 64].view(4, 64)
+        args["weight"] = buf[2 * 64:3 * 64]  # row 2 of it
+        with raises_value_error(name, f"weight must not overlap {w} in memory (the kernel writes {w} while every "
+                                      "row reads weight)"):
+            call(name, **args)
+        args["weight"] = buf[4 * 64:]
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            call(name, **args)
+
+
 # --- activations: odd last dimension -----------------------------------------------------------
 
 @pytest.mark.parametrize("name", ACTS)
@@ -446,6 +465,7 @@ def test_activation_out_may_be_either_half_of_input_but_nothing_else(name):
 # --- the raw binding with DLPack capsules that claim CUDA memory ------------------------------
 
 FakeCudaTensor = FakeTensor  # float16 by default
+W_AT = 0x40000  # a weight's made-up address, apart from the rows at the default one (out in place)
 
 
 def test_raw_binding_without_a_gpu_raises_a_clear_runtime_error():
@@ -453,7 +473,7 @@ def test_raw_binding_without_a_gpu_raises_a_clear_runtime_error():
     guard with a RuntimeError naming CUDA, not a crash."""
     if _cuda.device_count() > 0:
         pytest.skip("a CUDA device is present: this test is for machines without one")
-    x, w, out = FakeCudaTensor((1, 64)), FakeCudaTensor((64,)), FakeCudaTensor((1, 64))
+    x, w, out = FakeCudaTensor((1, 64)), FakeCudaTensor((64,), data=W_AT), FakeCudaTensor((1, 64))
     with pytest.raises(RuntimeError, match=r"^rmsnorm: CUDA error .*") as info:
         _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
     assert re.search(r"CUDA driver version is insufficient|no CUDA-capable device|CUDA driver", str(info.value)), (
@@ -462,13 +482,14 @@ def test_raw_binding_without_a_gpu_raises_a_clear_runtime_error():
 
 def test_raw_binding_names_a_non_cuda_weight():
     """The device check covers every tensor argument, not only the input."""
-    x, w, out = FakeCudaTensor((2, 64)), FakeCudaTensor((64,), device_type=K_DL_CPU), FakeCudaTensor((2, 64))
+    x, w, out = (FakeCudaTensor((2, 64)), FakeCudaTensor((64,), device_type=K_DL_CPU, data=W_AT),
+                 FakeCudaTensor((2, 64)))
     with raises_value_error("rmsnorm", "weight must be a CUDA tensor; got a tensor on device type cpu"):
         _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
 
 
 def test_raw_binding_refuses_tensors_on_different_gpus():
-    x, w, out = FakeCudaTensor((2, 64)), FakeCudaTensor((64,)), FakeCudaTensor((2, 64), device_id=1)
+    x, w, out = FakeCudaTensor((2, 64)), FakeCudaTensor((64,), data=W_AT), FakeCudaTensor((2, 64), device_id=1)
     with raises_value_error("rmsnorm", "out is on cuda:1 but input is on cuda:0"):
         _norm.rmsnorm(x.capsule, w.capsule, out.capsule, 1e-6, 0, True)
 

@@ -183,6 +183,54 @@ int main() {
   CHECK(rows_intersect(RowLayout{1, 256, 0}, RowLayout{1, 256, 0}, 64, 4, 128));    // shifted by half a row
   CHECK(!rows_intersect(RowLayout{1, 128, 0}, RowLayout{1, 128, 0}, 512, 4, 128));  // adjacent buffers
 
+  // strides_nest: never true where two addressed rows share a byte (brute force over random
+  // small views), and true for the paged-cache layouts the append writes.
+  {
+    std::mt19937 rng(7);
+    int agreed_disjoint = 0;
+    for (int trial = 0; trial < 20000; ++trial) {
+      const int n = 1 + static_cast<int>(rng() % 4);
+      int64_t size[4], stride[4];
+      for (int i = 0; i < n; ++i) size[i] = 1 + rng() % 4, stride[i] = static_cast<int64_t>(rng() % 40) - 8;
+      const int64_t width = 1 + rng() % 8;
+      std::vector<int64_t> offs{0};
+      for (int i = 0; i < n; ++i) {
+        std::vector<int64_t> next;
+        for (int64_t o : offs)
+          for (int64_t k = 0; k < size[i]; ++k) next.push_back(o + k * stride[i]);
+        offs = next;
+      }
+      const bool brute_apart = !overlap_brute(offs, offs, width, true);
+      if (flashinfer::strides_nest(n, size, stride, width)) {
+        CHECK(brute_apart);
+        ++agreed_disjoint;
+      }
+    }
+    CHECK(agreed_disjoint > 1000);  // (the random views do reach the true branch)
+    // bf16 caches of 6 pages x 16 slots x 2 heads x 64 dims (bytes): NHD, HND, the 5-D form's K
+    // and V (the K/V dim as a size-2 dim), a tuple carved from one buffer, a padded page stride
+    const int64_t kNhd[4] = {6, 16, 2, 2}, sNhd[4] = {4096, 256, 128, 8192 * 3};
+    CHECK(flashinfer::strides_nest(4, kNhd, sNhd, 128));
+    const int64_t sHnd[4] = {4096, 128, 2048, 8192 * 3};
+    CHECK(flashinfer::strides_nest(4, kNhd, sHnd, 128));
+    const int64_t s5d[4] = {8192, 256, 128, 4096};  // [P, 2, ps, H, D]: V 4096 bytes after K
+    CHECK(flashinfer::strides_nest(4, kNhd, s5d, 128));
+    const int64_t sPad[4] = {5000, 256, 128, 30000};
+    CHECK(flashinfer::strides_nest(4, kNhd, sPad, 128));
+    // refused: K and V one page apart inside one buffer ((b[:6], b[1:7])), an expanded K/V dim
+    // (V over K), slots expanded (stride 0), heads half a row apart, an empty view accepted
+    const int64_t sShift[4] = {4096, 256, 128, 4096};
+    CHECK(!flashinfer::strides_nest(4, kNhd, sShift, 128));
+    const int64_t sExpKV[4] = {4096, 256, 128, 0};
+    CHECK(!flashinfer::strides_nest(4, kNhd, sExpKV, 128));
+    const int64_t sExpSlot[4] = {4096, 0, 128, 8192 * 3};
+    CHECK(!flashinfer::strides_nest(4, kNhd, sExpSlot, 128));
+    const int64_t sHalf[4] = {4096, 256, 64, 8192 * 3};
+    CHECK(!flashinfer::strides_nest(4, kNhd, sHalf, 128));
+    const int64_t kEmpty[4] = {0, 16, 2, 2};
+    CHECK(flashinfer::strides_nest(4, kEmpty, sExpSlot, 128));
+  }
+
   CHECK(RowLayout{3, 100, 10}.strides_multiple_of(2));
   CHECK(!RowLayout{3, 100, 9}.strides_multiple_of(2));
   return test::finish("test_layout");
