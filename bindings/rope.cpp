@@ -4,7 +4,9 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -219,6 +221,22 @@ void check_scalars(const fb::Checker& c, double rope_scale, double rope_theta, b
     fb::fail(op + ": old_context_len must be a positive finite number; got " + std::to_string(old_context_len));
 }
 
+// The kernels take inv_freq_d as a float32: it must be finite there, or every angle is inf (NaN
+// rows). f_d = rope_theta^(-2d / rotary_dim) is monotonic in d (1 at d = 0) and inv_freq_d lies
+// between f_d / rope_scale and f_d (Llama-3.1 blends the two), so max(f_0, f_last) * max(1,
+// 1 / rope_scale) bounds it; the common rope_theta >= 1 needs no pow.
+void check_inv_freq(const fb::Checker& c, double rope_scale, double rope_theta, int64_t rotary_dim) {
+  const double f_max =
+      rope_theta >= 1.0 ? 1.0 : std::pow(rope_theta, -2.0 * static_cast<double>(rotary_dim / 2 - 1) / rotary_dim);
+  const double bound = f_max * (rope_scale < 1.0 ? 1.0 / rope_scale : 1.0);
+  if (!(bound <= static_cast<double>(FLT_MAX))) {
+    char msg[160];
+    std::snprintf(msg, sizeof(msg), "rope_theta %g and rope_scale %g give inverse frequencies up to %g, beyond float32",
+                  rope_theta, rope_scale, bound);
+    fb::fail(std::string(c.op) + ": " + msg);
+  }
+}
+
 int64_t checked_rotary_dim(const fb::Checker& c, std::optional<int64_t> rotary_dim, int64_t head_dim) {
   const int64_t rd = rotary_dim.value_or(head_dim);
   if (rd <= 0 || rd % 2 != 0 || rd > head_dim)
@@ -275,6 +293,7 @@ void apply_rope(const char* op_name, MutTensor q, MutTensor k, MutTensor q_out, 
     vector_of(c, offsets, "offsets", a.batch_size, "indptr.shape[0] - 1 (batch_size)");
   }
   check_scalars(c, rope_scale, rope_theta, llama31, low_freq_factor, high_freq_factor, old_context_len);
+  check_inv_freq(c, rope_scale, rope_theta, a.rotary_dim);
   a.freq.theta = rope_theta;
   a.freq.scale = rope_scale;
   a.freq.llama31 = llama31;
@@ -310,6 +329,9 @@ void apply_rope_cos_sin_cache(const char* op_name, MutTensor positions, MutTenso
   a.rotary_dim = rd;
   a.cache = &cos_sin_cache;
   a.max_pos = static_cast<int64_t>(cos_sin_cache.shape(0));
+  if (a.max_pos == 0 && a.qh.nnz > 0)  // (every position would be out of range: outputs left unwritten)
+    fb::fail(std::string(op_name) + ": cos_sin_cache must have a row per position; got 0 rows for " + str(a.qh.nnz) +
+             " tokens");
   a.cache_stride = cos_sin_cache.stride(0);
   a.pos_ids = &positions;
   a.indptr = a.offsets = nullptr;

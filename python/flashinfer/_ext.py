@@ -46,7 +46,8 @@ class Framework:
 
     def empty_like(self, x: Any) -> Any:
         raise TypeError(
-            f"flashinfer cannot allocate an output for a {type(x).__module__}.{type(x).__name__}; pass out="
+            f"flashinfer cannot allocate an output for a {type(x).__module__}.{type(x).__name__} (it allocates "
+            "torch, CuPy and NumPy arrays): pass a tensor of one of those, or out= where the function takes it"
         )
 
     def empty(self, shape: Tuple[int, ...], like: Any) -> Any:

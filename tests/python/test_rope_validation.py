@@ -218,6 +218,19 @@ def test_rope_scale_and_theta_must_be_positive(name):
         call(name, q, k, rope_theta=float("nan"))
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_frequencies_must_fit_float32(name):
+    """The kernels take the inverse frequencies as float32: a rope_scale or rope_theta that puts
+    them beyond it would make every angle inf (NaN rows) without a word."""
+    q, k = qk()  # head_dim 64: f_last = theta^(-62/64)
+    with raises(name, "rope_theta 1 and rope_scale 1e-39 give inverse frequencies up to 1e+39, beyond float32"):
+        call(name, q, k, rope_theta=1.0, rope_scale=1e-39)
+    with raises(name, "rope_theta 1e-300 and rope_scale 1 give inverse frequencies up to 4.21697e+290, beyond float32"):
+        call(name, q, k, rope_theta=1e-300, rope_scale=1.0)
+    with raises(name, "q must be a CUDA tensor"):  # small but representable
+        call(name, q, k, rope_theta=0.5, rope_scale=1e-30)
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if "llama31" in n])
 def test_llama31_factors(name):
     q, k = qk()
@@ -275,6 +288,17 @@ def cache_args(nnz=5, hq=4, hk=2, hs=64, rd=64, max_pos=32, dtype=F16):
     return dict(positions=torch.arange(nnz), query=torch.randn(nnz, hq * hs, dtype=dtype),
                 key=torch.randn(nnz, hk * hs, dtype=dtype), head_size=hs,
                 cos_sin_cache=torch.randn(max_pos, rd, dtype=F32))
+
+
+@pytest.mark.parametrize("name", CACHE_FNS)
+def test_cos_sin_cache_without_rows_is_refused(name):
+    """Every position would be out of range: the outputs would be left unwritten."""
+    a = cache_args(max_pos=0)
+    with raises(name, "cos_sin_cache must have a row per position; got 0 rows for 5 tokens"):
+        getattr(flashinfer, name)(**a)
+    a = cache_args(nnz=0, max_pos=0)  # no tokens: nothing to read
+    with raises(name, "query must be a CUDA tensor"):
+        getattr(flashinfer, name)(**a)
 
 
 @pytest.mark.parametrize("name", CACHE_FNS)
