@@ -14,6 +14,7 @@ resolves through the same table (see :func:`torch_exporter`, :func:`torch_stream
 
 from __future__ import annotations
 
+import numbers
 import sys
 from typing import Any, Callable, Dict, Tuple
 
@@ -278,6 +279,25 @@ def not_a_tensor(name: str, x: Any) -> TypeError:
     """The TypeError for a non-tensor where argument ``name`` takes a tensor."""
     return TypeError(f"{name} must be a tensor supporting DLPack (torch.Tensor, cupy.ndarray, ...); got "
                      f"{type(x).__name__}")
+
+
+def name_bad_scalars(**scalars: Tuple[Any, str]) -> None:
+    """For a binding's TypeError (nanobind's, which lists the binding's signature): raises the
+    TypeError naming the first of ``scalars`` (name: (value, kind)) whose value the binding cannot
+    take, else returns (the caller re-raises). kind: "real" (an int or float), "int" (an integer
+    in int64), "int?" (the same, or None), "bool"."""
+    for name, (x, kind) in scalars.items():
+        if kind == "bool":
+            ok, want = isinstance(x, bool), "a bool"
+        elif kind == "real":
+            ok, want = isinstance(x, numbers.Real), "a real number"
+        else:
+            ok = (x is None and kind == "int?") or (
+                isinstance(x, numbers.Integral) and -(2**63) <= int(x) < 2**63)
+            want = "an integer (int64)" + (" or None" if kind == "int?" else "")
+        if not ok:
+            raise TypeError(f"{name} must be {want}; got {type(x).__name__}"
+                            + (f" {x!r}" if isinstance(x, (int, float)) else ""))
 
 
 def require_tensors(**tensors: Any) -> None:

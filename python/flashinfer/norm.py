@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import _norm
-from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of, to_dlpack
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of, name_bad_scalars, to_dlpack
 
 # Host time matters per call (a bare launch is ~3.5 us): the hot paths below look the
 # framework up once and, when every tensor has the input's type and the bindings read that
@@ -38,11 +38,15 @@ def rmsnorm(input: Any, weight: Any, eps: float = 1e-6, out: Optional[Any] = Non
     fw = _BY_TYPE.get(t) or framework_of(input)
     if out is None:
         out = fw.empty_like(input)
-    if fw.direct and type(weight) is t and type(out) is t:
-        _rmsnorm(input, weight, out, eps, FRAMEWORK_STREAM, enable_pdl is not False)
-    else:
-        s, i, w, o = export_args(fw, t, input=input, weight=weight, out=out)
-        _rmsnorm(i, w, o, eps, s, enable_pdl is not False)
+    try:
+        if fw.direct and type(weight) is t and type(out) is t:
+            _rmsnorm(input, weight, out, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+        else:
+            s, i, w, o = export_args(fw, t, input=input, weight=weight, out=out)
+            _rmsnorm(i, w, o, eps, s, enable_pdl is not False)
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))  # (else the argument error as it was)
+        raise
     return out
 
 
@@ -53,11 +57,15 @@ def gemma_rmsnorm(input: Any, weight: Any, eps: float = 1e-6, out: Optional[Any]
     fw = _BY_TYPE.get(t) or framework_of(input)
     if out is None:
         out = fw.empty_like(input)
-    if fw.direct and type(weight) is t and type(out) is t:
-        _gemma_rmsnorm(input, weight, out, eps, FRAMEWORK_STREAM, enable_pdl is not False)
-    else:
-        s, i, w, o = export_args(fw, t, input=input, weight=weight, out=out)
-        _gemma_rmsnorm(i, w, o, eps, s, enable_pdl is not False)
+    try:
+        if fw.direct and type(weight) is t and type(out) is t:
+            _gemma_rmsnorm(input, weight, out, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+        else:
+            s, i, w, o = export_args(fw, t, input=input, weight=weight, out=out)
+            _gemma_rmsnorm(i, w, o, eps, s, enable_pdl is not False)
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))  # (else the argument error as it was)
+        raise
     return out
 
 
@@ -70,11 +78,15 @@ def fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: float = 1e-6,
     """
     t = type(input)
     fw = _BY_TYPE.get(t) or framework_of(input)
-    if fw.direct and type(residual) is t and type(weight) is t:
-        _fused_add_rmsnorm(input, residual, weight, eps, FRAMEWORK_STREAM, enable_pdl is not False)
-    else:
-        s, i, r, w = export_args(fw, t, input=input, residual=residual, weight=weight)
-        _fused_add_rmsnorm(i, r, w, eps, s, enable_pdl is not False)
+    try:
+        if fw.direct and type(residual) is t and type(weight) is t:
+            _fused_add_rmsnorm(input, residual, weight, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+        else:
+            s, i, r, w = export_args(fw, t, input=input, residual=residual, weight=weight)
+            _fused_add_rmsnorm(i, r, w, eps, s, enable_pdl is not False)
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))  # (else the argument error as it was)
+        raise
 
 
 def gemma_fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: float = 1e-6,
@@ -82,11 +94,15 @@ def gemma_fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: float =
     r"""As :func:`fused_add_rmsnorm` with Gemma's ``(1 + weight)`` scale."""
     t = type(input)
     fw = _BY_TYPE.get(t) or framework_of(input)
-    if fw.direct and type(residual) is t and type(weight) is t:
-        _gemma_fused_add_rmsnorm(input, residual, weight, eps, FRAMEWORK_STREAM, enable_pdl is not False)
-    else:
-        s, i, r, w = export_args(fw, t, input=input, residual=residual, weight=weight)
-        _gemma_fused_add_rmsnorm(i, r, w, eps, s, enable_pdl is not False)
+    try:
+        if fw.direct and type(residual) is t and type(weight) is t:
+            _gemma_fused_add_rmsnorm(input, residual, weight, eps, FRAMEWORK_STREAM, enable_pdl is not False)
+        else:
+            s, i, r, w = export_args(fw, t, input=input, residual=residual, weight=weight)
+            _gemma_fused_add_rmsnorm(i, r, w, eps, s, enable_pdl is not False)
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))  # (else the argument error as it was)
+        raise
 
 
 def layernorm(input: Any, gemma: Any, beta: Any, eps: float = 1e-6) -> Any:
@@ -97,8 +113,12 @@ def layernorm(input: Any, gemma: Any, beta: Any, eps: float = 1e-6) -> Any:
     """
     fw = framework_of(input)
     out = fw.empty_like(input)
-    _norm.layernorm(fw.to_dlpack(input), to_dlpack(gemma, "gemma"), to_dlpack(beta, "beta"),
-                    fw.to_dlpack(out), eps, fw.stream(input))
+    try:
+        _norm.layernorm(fw.to_dlpack(input), to_dlpack(gemma, "gemma"), to_dlpack(beta, "beta"),
+                        fw.to_dlpack(out), eps, fw.stream(input))
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))
+        raise
     return out
 
 
@@ -144,8 +164,12 @@ def rmsnorm_quant(out: Any, input: Any, weight: Any, scale: Any, eps: float = 1e
     fw = framework_of(input)
     o8, code = _fp8_out(out)
     st, sv = _scale(scale)
-    _norm.rmsnorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(weight, "weight"), st, sv, eps, code,
-                        fw.stream(input), enable_pdl is not False)
+    try:
+        _norm.rmsnorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(weight, "weight"), st, sv, eps, code,
+                            fw.stream(input), enable_pdl is not False)
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))
+        raise
     return out
 
 
@@ -156,9 +180,13 @@ def fused_add_rmsnorm_quant(out: Any, input: Any, residual: Any, weight: Any, sc
     fw = framework_of(input)
     o8, code = _fp8_out(out)
     st, sv = _scale(scale)
-    _norm.fused_add_rmsnorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(residual, "residual"),
-                                  to_dlpack(weight, "weight"), st, sv, eps, code, fw.stream(input),
-                                  enable_pdl is not False)
+    try:
+        _norm.fused_add_rmsnorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(residual, "residual"),
+                                      to_dlpack(weight, "weight"), st, sv, eps, code, fw.stream(input),
+                                      enable_pdl is not False)
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))
+        raise
     return out
 
 
@@ -174,6 +202,10 @@ def layernorm_quant(out: Any, input: Any, gemma: Any, beta: Any, scale: Any, eps
         raise RuntimeError("input must be contiguous")
     o8, code = _fp8_out(out)
     st, sv = _scale(scale)
-    _norm.layernorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(gemma, "gemma"), to_dlpack(beta, "beta"),
-                          st, sv, eps, code, fw.stream(input))
+    try:
+        _norm.layernorm_quant(fw.to_dlpack(o8), fw.to_dlpack(input), to_dlpack(gemma, "gemma"), to_dlpack(beta, "beta"),
+                              st, sv, eps, code, fw.stream(input))
+    except TypeError:
+        name_bad_scalars(eps=(eps, "real"))
+        raise
     return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import _index_check, _rope
-from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of
+from ._ext import _BY_TYPE, FRAMEWORK_STREAM, export_args, framework_of, name_bad_scalars
 
 __all__ = [
     "apply_rope",
@@ -57,6 +57,14 @@ def _err(fw: Any, like: Any) -> Any:
     return None if buf is None else fw.to_dlpack(buf)
 
 
+def _scalars(rotary_dim: Any, interleave: Any, rope_scale: Any, rope_theta: Any, low: Any = 1.0, high: Any = 4.0,
+             old: Any = 8192.0) -> None:
+    """On the binding's TypeError: the scalar argument it could not take, named (else returns)."""
+    name_bad_scalars(rotary_dim=(rotary_dim, "int?"), interleave=(interleave, "bool"), rope_scale=(rope_scale, "real"),
+                     rope_theta=(rope_theta, "real"), low_freq_factor=(low, "real"), high_freq_factor=(high, "real"),
+                     old_context_len=(old, "real"))
+
+
 # Each public function below spells out its route (direct, or export_args; see norm.py) rather
 # than calling one shared helper: the extra Python call with its ~15 arguments measured 0.08 us
 # per call (session 31), more than the direct route saves.
@@ -77,8 +85,12 @@ def apply_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Op
         s, cq, ck, ci, co = FRAMEWORK_STREAM, q, k, indptr, offsets
     else:
         s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
-    _rope.apply_rope("apply_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave, rope_scale,
-                     rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave, rope_scale,
+                         rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta)
+        raise
 
 
 def apply_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
@@ -93,8 +105,12 @@ def apply_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[i
     else:
         s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
         q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
-    _rope.apply_rope("apply_rope", cq, ck, cq_rope, ck_rope, None, ci, co, rotary_dim, interleave, rope_scale,
-                     rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_rope", cq, ck, cq_rope, ck_rope, None, ci, co, rotary_dim, interleave, rope_scale,
+                         rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta)
+        raise
     return q_rope, k_rope
 
 
@@ -116,9 +132,14 @@ def apply_llama31_rope_inplace(q: Any, k: Any, indptr: Any, offsets: Any, rotary
         s, cq, ck, ci, co = FRAMEWORK_STREAM, q, k, indptr, offsets
     else:
         s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
-    _rope.apply_rope("apply_llama31_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave,
-                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
-                     _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_llama31_rope_inplace", cq, ck, None, None, None, ci, co, rotary_dim, interleave,
+                         rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
+                         _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                 old_context_len)
+        raise
 
 
 def apply_llama31_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Optional[int] = None,
@@ -135,9 +156,14 @@ def apply_llama31_rope(q: Any, k: Any, indptr: Any, offsets: Any, rotary_dim: Op
     else:
         s, cq, ck, ci, co = export_args(fw, t, q=q, k=k, indptr=indptr, offsets=offsets)
         q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
-    _rope.apply_rope("apply_llama31_rope", cq, ck, cq_rope, ck_rope, None, ci, co, rotary_dim, interleave,
-                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
-                     _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_llama31_rope", cq, ck, cq_rope, ck_rope, None, ci, co, rotary_dim, interleave,
+                         rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
+                         _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                 old_context_len)
+        raise
     return q_rope, k_rope
 
 
@@ -153,8 +179,12 @@ def apply_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim: Optiona
         s, cq, ck, cp = FRAMEWORK_STREAM, q, k, pos_ids
     else:
         s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
-    _rope.apply_rope("apply_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
-                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
+                         rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta)
+        raise
 
 
 def apply_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None, interleave: bool = False,
@@ -169,8 +199,12 @@ def apply_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] =
     else:
         s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
         q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
-    _rope.apply_rope("apply_rope_pos_ids", cq, ck, cq_rope, ck_rope, cp, None, None, rotary_dim, interleave,
-                     rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_rope_pos_ids", cq, ck, cq_rope, ck_rope, cp, None, None, rotary_dim, interleave,
+                         rope_scale, rope_theta, False, 1.0, 4.0, 8192.0, s, _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta)
+        raise
     return q_rope, k_rope
 
 
@@ -185,9 +219,14 @@ def apply_llama31_rope_pos_ids_inplace(q: Any, k: Any, pos_ids: Any, rotary_dim:
         s, cq, ck, cp = FRAMEWORK_STREAM, q, k, pos_ids
     else:
         s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
-    _rope.apply_rope("apply_llama31_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim, interleave,
-                     rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len, s,
-                     _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_llama31_rope_pos_ids_inplace", cq, ck, None, None, cp, None, None, rotary_dim,
+                         interleave, rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len,
+                         s, _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                 old_context_len)
+        raise
 
 
 def apply_llama31_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optional[int] = None,
@@ -204,9 +243,14 @@ def apply_llama31_rope_pos_ids(q: Any, k: Any, pos_ids: Any, rotary_dim: Optiona
     else:
         s, cq, ck, cp = export_args(fw, t, q=q, k=k, pos_ids=pos_ids)
         q_rope, k_rope, cq_rope, ck_rope = _new_outputs(fw, q, k)
-    _rope.apply_rope("apply_llama31_rope_pos_ids", cq, ck, cq_rope, ck_rope, cp, None, None, rotary_dim,
-                     interleave, rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len,
-                     s, _err(fw, q) if _ic.enabled else None)
+    try:
+        _rope.apply_rope("apply_llama31_rope_pos_ids", cq, ck, cq_rope, ck_rope, cp, None, None, rotary_dim,
+                         interleave, rope_scale, rope_theta, True, low_freq_factor, high_freq_factor, old_context_len,
+                         s, _err(fw, q) if _ic.enabled else None)
+    except TypeError:
+        _scalars(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                 old_context_len)
+        raise
     return q_rope, k_rope
 
 
@@ -233,8 +277,12 @@ def apply_rope_with_cos_sin_cache(positions: Any, query: Any, key: Any, head_siz
     else:
         s, cq, cp, ck, cc = export_args(fw, t, query=query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
         query_out, key_out, cquery_out, ckey_out = _new_outputs(fw, query, key)
-    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", cp, cq, ck, head_size, cc, is_neox, cquery_out,
-                                   ckey_out, s, _err(fw, query) if _ic.enabled else None)
+    try:
+        _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache", cp, cq, ck, head_size, cc, is_neox, cquery_out,
+                                       ckey_out, s, _err(fw, query) if _ic.enabled else None)
+    except TypeError:
+        name_bad_scalars(head_size=(head_size, "int"), is_neox=(is_neox, "bool"))
+        raise
     return query_out, key_out
 
 
@@ -247,5 +295,9 @@ def apply_rope_with_cos_sin_cache_inplace(positions: Any, query: Any, key: Any, 
         s, cq, cp, ck, cc = FRAMEWORK_STREAM, query, positions, key, cos_sin_cache
     else:
         s, cq, cp, ck, cc = export_args(fw, t, query=query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
-    _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache_inplace", cp, cq, ck, head_size, cc, is_neox, None,
-                                   None, s, _err(fw, query) if _ic.enabled else None)
+    try:
+        _rope.apply_rope_cos_sin_cache("apply_rope_with_cos_sin_cache_inplace", cp, cq, ck, head_size, cc, is_neox,
+                                       None, None, s, _err(fw, query) if _ic.enabled else None)
+    except TypeError:
+        name_bad_scalars(head_size=(head_size, "int"), is_neox=(is_neox, "bool"))
+        raise

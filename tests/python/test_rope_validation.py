@@ -219,6 +219,33 @@ def test_rope_scale_and_theta_must_be_positive(name):
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_scalars_of_another_type_are_type_errors_naming_them(name):
+    """(not nanobind's message listing the binding's signature)"""
+    q, k = qk()
+    cases = [("rotary_dim", 64.0, "an integer (int64) or None; got float 64.0"),
+             ("rotary_dim", 2**70, f"an integer (int64) or None; got int {2**70}"),
+             ("interleave", 1, "a bool; got int 1"), ("interleave", None, "a bool; got NoneType"),
+             ("rope_scale", "8", "a real number; got str"), ("rope_theta", None, "a real number; got NoneType")]
+    if "llama31" in name:
+        cases += [("low_freq_factor", None, "a real number; got NoneType"),
+                  ("old_context_len", "8192", "a real number; got str")]
+    for arg, value, want in cases:
+        with pytest.raises(TypeError, match="^" + re.escape(f"{arg} must be {want}") + "$"):
+            call(name, q, k, **{arg: value})
+
+
+@pytest.mark.parametrize("name", CACHE_FNS)
+def test_cos_sin_cache_scalars_of_another_type_are_type_errors_naming_them(name):
+    for arg, value, want in (("head_size", 64.0, "an integer (int64); got float 64.0"),
+                             ("head_size", None, "an integer (int64); got NoneType"),
+                             ("is_neox", None, "a bool; got NoneType"), ("is_neox", 0, "a bool; got int 0")):
+        a = cache_args()
+        a[arg] = value
+        with pytest.raises(TypeError, match="^" + re.escape(f"{arg} must be {want}") + "$"):
+            getattr(flashinfer, name)(**a)
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_frequencies_must_fit_float32(name):
     """The kernels take the inverse frequencies as float32: a rope_scale or rope_theta that puts
     them beyond it would make every angle inf (NaN rows) without a word."""

@@ -277,6 +277,14 @@ def test_activation_input_rows_must_fold_into_two_stride_levels(name):
         call(name, input=x)
 
 
+@pytest.mark.parametrize("name", NORMS)
+@pytest.mark.parametrize("eps, shown", [(None, "NoneType"), ("1e-6", "str"), ([1e-6], "list")])
+def test_eps_of_another_type_is_a_type_error_naming_it(name, eps, shown):
+    """(not nanobind's message listing the binding's signature)"""
+    with pytest.raises(TypeError, match=f"^eps must be a real number; got {shown}$"):
+        call(name, **valid_args(name), eps=eps)
+
+
 @pytest.mark.parametrize("name", WEIGHTED)
 def test_weight_must_not_overlap_a_written_tensor(name):
     """Every row reads the weight while the kernel writes out (input and residual in place): a
