@@ -142,9 +142,10 @@ void merge_state_impl(const char* op, const char* na, const char* nsa, const cha
   check_no_self_overlap(op, v_out ? *s_out : s_a, v_out ? "s_merged" : nsa);
   if (!v_out) {  // in place: v_a and s_a are written while v_b and s_b are read
     check_apart(c, v_a, na, s_a, nsa);
-    for (const MutTensor* w : {&v_a, &s_a})
-      for (auto [r, r_name] : {std::pair<const MutTensor*, const char*>{&v_b, nb_}, {&s_b, nsb}})
-        check_apart(c, *w, w == &v_a ? na : nsa, *r, r_name);
+    check_apart(c, v_a, na, v_b, nb_);
+    check_apart(c, v_a, na, s_b, nsb);
+    check_apart(c, s_a, nsa, v_b, nb_);
+    check_apart(c, s_a, nsa, s_b, nsb);
   }
   if (mask) {
     c.ndim_in(*mask, "mask", {1}, "1-D [seq_len]");

@@ -20,12 +20,10 @@ namespace {
 
 // eps as the kernels add it under the square root: a finite number >= 0.
 void check_eps(const char* op, double eps) {
-  if (!std::isfinite(static_cast<float>(eps)) || eps < 0.0)  // (the kernels take it as a float)
-  {
-    char shown[32];
-    std::snprintf(shown, sizeof(shown), "%g", eps);
-    fb::fail(std::string(op) + ": eps must be a finite float32 number >= 0; got " + shown);
-  }
+  if (std::isfinite(static_cast<float>(eps)) && eps >= 0.0) return;  // (the kernels take it as a float)
+  char shown[32];
+  std::snprintf(shown, sizeof(shown), "%g", eps);
+  fb::fail(std::string(op) + ": eps must be a finite float32 number >= 0; got " + shown);
 }
 
 // A 1-D parameter every row reads (weight, gemma, beta) must not share a byte with a tensor the

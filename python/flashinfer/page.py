@@ -60,9 +60,24 @@ def _as_int32(x: Any, name: str) -> Any:
         return x
     if not _is_integer(x.dtype):
         raise ValueError(f"{name}.dtype must be an integer type (int32; other integer types are cast); got {x.dtype}")
-    if _ic.enabled and x.shape[0] > 0 and (int(x.max()) > 2**31 - 1 or int(x.min()) < -2**31):
-        raise ValueError(f"{name} holds values outside int32 (min {int(x.min())}, max {int(x.max())})")
+    if _ic.enabled and x.shape[0] > 0:  # (reads the indices: one min and one max)
+        lo, hi = int(x.min()), int(x.max())
+        if lo < -2**31 or hi > 2**31 - 1:
+            raise ValueError(f"{name} holds values outside int32 (min {lo}, max {hi})")
     return e[1](x)
+
+
+def _int_arg(x: Any, name: str) -> int:
+    """An integer argument (an int, NumPy integer or integer 0-d tensor), never a truncated float."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer; got {type(x).__name__}") from None
+
+
+def _require_tensor(x: Any, name: str) -> None:
+    if not hasattr(x, "__dlpack__") or not hasattr(x, "shape"):
+        raise not_a_tensor(name, x)
 
 
 def _split_cache(paged_kv_cache: Any) -> Tuple[Any, Any]:
@@ -161,8 +176,7 @@ def _empty_int32(fw: Any, like: Any, n: int) -> Any:
 
 def _check_buffer(x: Any, nnz: int, name: str, like: Any) -> None:
     """FlashInfer's check_shape_dtype_device for a provided output buffer."""
-    if not hasattr(x, "__dlpack__") or not hasattr(x, "shape"):
-        raise not_a_tensor(name, x)
+    _require_tensor(x, name)
     if tuple(x.shape) != (nnz,):
         raise ValueError(f"Invalid shape of {name}: expected {(nnz,)}, got {tuple(x.shape)}")
     e = _INT32.get(type(x)) or _int32_of(x)
@@ -188,10 +202,7 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, bat
     ``[0, 1, 1, 2, 2, 2, 3, 3, 3, 3]`` and positions ``[4, 3, 4, 2, 3, 4, 1, 2, 3, 4]``.
     """
     fw = framework_of(append_indptr, "append_indptr")
-    try:
-        nnz = operator.index(nnz)  # (an int, NumPy integer or integer 0-d tensor; not 2.7 truncated)
-    except TypeError:
-        raise TypeError(f"nnz must be an integer; got {type(nnz).__name__}") from None
+    nnz = _int_arg(nnz, "nnz")
     if nnz < 0:
         raise ValueError(f"nnz must be >= 0; got {nnz}")
     if batch_indices is None:
@@ -214,15 +225,11 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
     + kv_last_page_len`` (dtype and device follow the inputs; works on the CPU). kv_indptr
     ``[batch_size + 1]`` and kv_last_page_len ``[batch_size]`` are integer tensors, page_size an
     integer >= 1 (else ``TypeError`` / ``ValueError`` naming the argument)."""
-    try:
-        page_size = operator.index(page_size)
-    except TypeError:
-        raise TypeError(f"page_size must be an integer; got {type(page_size).__name__}") from None
+    page_size = _int_arg(page_size, "page_size")
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1; got {page_size}")
     for name, x in (("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
-        if not hasattr(x, "__dlpack__") or not hasattr(x, "shape"):
-            raise not_a_tensor(name, x)
+        _require_tensor(x, name)
         if len(x.shape) != 1 or not _is_integer(x.dtype):
             raise ValueError(f"{name} must be a 1-D integer tensor; got shape {tuple(x.shape)} and dtype {x.dtype}")
     if kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1:
