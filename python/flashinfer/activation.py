@@ -14,7 +14,13 @@ __all__ = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
 def _act(name: str, kernel: Any, input: Any, out: Optional[Any], enable_pdl: Optional[bool]) -> Any:
     t = type(input)
     fw = _BY_TYPE.get(t) or framework_of(input)
-    shape = input.shape
+    shape = getattr(input, "shape", None)
+    if shape is None:  # a bare DLPack producer: the binding checks the shapes (and out= is needed)
+        if out is None:
+            out = fw.empty_like(input)  # (a TypeError: flashinfer allocates torch, CuPy, NumPy)
+        s, i, o = export_args(fw, t, input=input, out=out)
+        kernel(i, o, s, enable_pdl is not False)
+        return out
     if len(shape) == 0:
         raise ValueError(f"{name}: input must have at least 1 dimension (..., 2 * hidden_size); got a 0-D tensor")
     if shape[-1] % 2 != 0:

@@ -95,7 +95,9 @@ def merge_states(v: Any, s: Any) -> Tuple[Any, Any]:
     zero states give the empty state (``v = 0``, ``s = -inf``).
     """
     fw = framework_of(v, "v")
-    shape = v.shape
+    shape = getattr(v, "shape", None)
+    if shape is None:  # a bare DLPack producer: nothing to allocate the outputs with
+        fw.empty_like(v)  # (raises the TypeError that says so)
     if len(shape) != 4:
         raise ArgumentError(f"merge_states: v must be 4-D [seq_len, num_states, num_heads, head_dim]; got a "
                             f"{len(shape)}-D tensor of shape {tuple(shape)}")

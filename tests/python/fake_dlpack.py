@@ -61,3 +61,17 @@ class FakeTensor:
         t.shape, t.strides, t.byte_offset = self.shape, self.strides, 0
         self.managed.deleter = _no_op_deleter
         self.capsule = _PyCapsule_New(ctypes.addressof(self.managed), b"dltensor", None)
+
+
+class Bare:
+    """The least a DLPack producer offers: ``__dlpack__`` and ``__dlpack_device__`` of a real
+    tensor ``t``, and no ``.shape``, dtype or allocator."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()

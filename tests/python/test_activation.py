@@ -12,6 +12,7 @@ import reference as ref  # noqa: E402
 from checks import (  # noqa: E402
     CUDA, DTYPES, GuardedOutput, assert_all_nan, assert_close, grid, nan_full, short, untouched_columns,
 )
+from fake_dlpack import Bare  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -145,3 +146,14 @@ def test_wrong_references_fail_on_kernel_output(dtype):
         swapped = torch.cat([x[..., 4096:], x[..., :4096]], dim=-1)
         with pytest.raises(AssertionError):
             assert_close(out, ACTS[name][1](swapped), name=f"{name} vs swapped halves")
+
+
+@pytest.mark.parametrize("name, dtype", grid(ACTS, DTYPES))
+def test_act_bare_dlpack_producer_with_out(name, dtype):
+    kernel, reference = ACTS[name]
+    x = gate_up(7, hidden=4096, dtype=dtype)
+    out = nan_full((7, 4096), dtype)
+    bare_out = Bare(out)
+    assert kernel(Bare(x), out=bare_out) is bare_out
+    torch.cuda.synchronize()  # (an unknown producer runs on the legacy default stream)
+    assert_close(out, reference(x))

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import flashinfer  # noqa: E402
-from fake_dlpack import K_DL_CPU, FakeTensor  # noqa: E402
+from fake_dlpack import K_DL_CPU, Bare, FakeTensor  # noqa: E402
 from flashinfer import _cuda, _norm  # noqa: E402
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -561,3 +561,27 @@ def test_layernorm_quant_requires_contiguous_bf16():
         flashinfer.layernorm_quant(out, torch.randn(4, 128, dtype=BF16)[:, :64], g, g, 1.0)
     with pytest.raises(ValueError, match="layernorm_quant: gemma"):
         flashinfer.layernorm_quant(out, torch.randn(4, 64, dtype=BF16), g.to(F16), g, 1.0)
+
+
+# --- a bare DLPack producer (only __dlpack__ and __dlpack_device__, no .shape) ------------------
+
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_bare_producer_without_out_says_it_cannot_allocate(name):
+    with pytest.raises(TypeError, match=r"cannot allocate an output for a .*Bare.*out="):
+        call(name, input=Bare(torch.randn(4, 128, dtype=F16)))
+
+
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_bare_producer_shapes_are_checked_by_the_binding(name):
+    x, out = Bare(torch.randn(4, 128, dtype=F16)), Bare(torch.empty(4, 32, dtype=F16))
+    with raises_value_error(name, "out.shape must be input.shape[:-1] + (input.shape[-1] // 2,) for input "
+                                  "(4, 128); got (4, 32)"):
+        call(name, input=x, out=out)
+    with pytest.raises(ValueError, match="CUDA"):  # a valid pair reaches the device check
+        call(name, input=x, out=Bare(torch.empty(4, 64, dtype=F16)))
+
+
+def test_merge_states_bare_producer_says_it_cannot_allocate():
+    v, s = Bare(torch.randn(2, 3, 4, 64, dtype=F16)), torch.randn(2, 3, 4)
+    with pytest.raises(TypeError, match=r"cannot allocate an output for a .*Bare"):
+        flashinfer.merge_states(v, s)
