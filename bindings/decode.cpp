@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -303,7 +304,11 @@ class DecodeRunner {
       fb::fail("Invalid shape of out: expected " + fb::shape_str(q) + " " + fb::dtype_str(dt) + "; got " +
                fb::shape_str(out) + " " + fb::dtype_name(out));
     c.last_contiguous(out, "out");
-    c.rows_disjoint(out, "out", flashinfer::RowLayout{hq, out.stride(0), out.stride(1)}, rows * hq, hd_);
+    const flashinfer::RowLayout out_l{hq, out.stride(0), out.stride(1)};
+    c.rows_disjoint(out, "out", out_l, rows * hq, hd_);
+    // out = q itself is fine (a request's q rows are read before its o rows are written); any
+    // other overlap would race between CTAs
+    c.out_apart(out, out_l, hd_, q, "q", flashinfer::RowLayout{hq, q.stride(0), q.stride(1)}, hd_, rows * hq, {0});
     if (lse) {
       c.ndim_in(*lse, "lse", {2}, "2-D [batch_size * q_len_per_req, num_qo_heads]");
       c.dim_is(*lse, "lse", 0, rows, "batch_size * q_len_per_req");
@@ -366,12 +371,29 @@ class DecodeRunner {
 #ifdef FLASHINFER_DECODE_TRACE
       p.trace = trace_buffer();
 #endif
-      const cudaError_t err = flashinfer::attention::Decode(p, use_tc_, launch_merge_, max_grid_, fb::as_stream(stream, dev));
+      const cudaStream_t st = fb::as_stream(stream, dev);
+      if (max_grid_ == 0) note_capture(st, kv.num_pages);
+      const cudaError_t err = flashinfer::attention::Decode(p, use_tc_, launch_merge_, max_grid_, st);
       if (err != cudaSuccess) fb::throw_cuda(c.op, err);
     });
   }
 
+  // Under CUDA graphs (max_grid_ 0): the fewest cache pages a run captured into a graph, -1 if
+  // none. A replay skips run()'s checks, so the next plan() checks its page indices against it.
+  int64_t captured_pages() const { return captured_pages_; }
+
  private:
+  void note_capture(cudaStream_t st, int64_t num_pages) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (st == nullptr) return;  // (the legacy stream is never captured; asking it can fail mid-capture)
+    if (cudaStreamIsCapturing(st, &status) != cudaSuccess) {
+      (void)cudaGetLastError();  // (not the launch's error)
+      return;
+    }
+    if (status == cudaStreamCaptureStatusActive)
+      captured_pages_ = captured_pages_ < 0 ? num_pages : std::min(captured_pages_, num_pages);
+  }
+
   int device_;
   fb::DType dtype_;
   int64_t batch_;
@@ -388,6 +410,7 @@ class DecodeRunner {
   int64_t kv_keys_host_;    // > 0: the plan's total key count (0 under CUDA graphs)
   KVCache kv_cache_;        // the planned cache element type
   int q_len_;               // query tokens per request (their columns: decode_query)
+  int64_t captured_pages_ = -1;
 };
 
 // Host planner: kv lengths and page-table starts -> (items [n, 8], merge [batch, 2], partial
@@ -576,5 +599,6 @@ NB_MODULE(_decode, m) {
                     double, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
                     uintptr_t, uintptr_t, bool, int64_t, int64_t, bool, int64_t, int, int64_t, int, int>())
       .def("run", &DecodeRunner::run, "q"_a, "kv_a"_a, "kv_b"_a.none(), "out"_a, "lse"_a.none(), "scale_mult"_a,
-           "stream"_a, "enable_pdl"_a);
+           "stream"_a, "enable_pdl"_a)
+      .def_prop_ro("captured_pages", &DecodeRunner::captured_pages);
 }

@@ -6,6 +6,7 @@
 #          (default 565 s): the first GPU run of session 32's host checks
 #   final  host_overhead.py, the closing bench (benchmarks/final_cases.txt), then the tests the
 #          suite call did not reach (LEFT: a file of node ids from scripts/junit_union.py --left)
+#          or the test files TESTS
 set -uo pipefail
 source "$(dirname "$0")/sweep_lib.sh"
 export PYTHONPATH=$PWD/build/py312pkg
@@ -27,6 +28,8 @@ case "${1:-}" in
     if [ -n "${LEFT:-}" ] && [ -s "$LEFT" ]; then
       mapfile -t ids < "$LEFT"
       run_tests ${TEST_TIMEOUT:-200} "${ids[@]}"
+    elif [ -n "${TESTS:-}" ]; then
+      run_tests ${TEST_TIMEOUT:-200} $TESTS
     fi
     cut -c1-150 "$OUT/bench.txt"
     cat "$OUT/host.txt"

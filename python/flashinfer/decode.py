@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
+import operator
 import sys
 import warnings
 from typing import Any, Optional, Tuple, Union
@@ -43,12 +45,25 @@ def _layout_code(kv_layout: str) -> int:
 
 
 def _pos_code(mode: Union[str, int]) -> int:
-    if isinstance(mode, int):
-        if mode not in (0, 1, 2):
-            raise KeyError(mode)
-        return mode
-    name = getattr(mode, "name", mode)  # accept flashinfer.utils.PosEncodingMode members
-    return _POS_MODES[name]
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        if mode in (0, 1, 2):
+            return mode
+    else:
+        name = getattr(mode, "name", mode)  # accept flashinfer.utils.PosEncodingMode members
+        if isinstance(name, str) and name in _POS_MODES:
+            return _POS_MODES[name]
+    raise KeyError(f"pos_encoding_mode must be 'NONE', 'ROPE_LLAMA' or 'ALIBI' (or 0, 1, 2); got {mode!r}")
+
+
+def _int_arg(x: Any, name: str) -> int:
+    """An integer argument (an integral float too, as int() would take it); else a TypeError
+    naming it."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        if isinstance(x, numbers.Real) and not isinstance(x, bool) and float(x).is_integer():
+            return int(x)
+        raise TypeError(f"{name} must be an int; got {type(x).__name__} {x!r}") from None
 
 
 # The cache element type codes of the bindings (KVCache): q's dtype, or fp8 values that
@@ -136,11 +151,32 @@ def _torch():
 
 
 def _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
-                  head_dim) -> Tuple:
-    """The options forward() may change, as the kernels see them (defaults filled in)."""
-    return (_pos_code(pos_encoding_mode), -1 if window_left is None else int(window_left), _soft_cap(logits_soft_cap),
-            1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
-            1.0 if rope_scale is None else float(rope_scale), 1e4 if rope_theta is None else float(rope_theta))
+                  head_dim, op: str = "BatchDecodeWithPagedKVCacheWrapper.plan") -> Tuple:
+    """The options forward() may change, as the kernels see them (defaults filled in; checked)."""
+    pos = _pos_code(pos_encoding_mode)
+    rope = (_check_rope_param(rope_scale, "rope_scale", 1.0, op), _check_rope_param(rope_theta, "rope_theta", 1e4, op)) \
+        if pos == 1 else (1.0 if rope_scale is None else float(rope_scale), 1e4 if rope_theta is None else float(rope_theta))
+    return (pos, -1 if window_left is None else int(window_left), _soft_cap(logits_soft_cap),
+            1.0 / math.sqrt(head_dim) if sm_scale is None else _finite(sm_scale, "sm_scale", op)) + rope
+
+
+def _finite(x: Any, name: str, op: str) -> float:
+    """A scale argument as a float: NaN and inf raise (they would make every output NaN)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {name} must be a real number; got {type(x).__name__}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{op}: {name} must be a finite number; got {x}")
+    return v
+
+
+def _check_rope_param(value: Optional[float], name: str, default: float, op: str) -> float:
+    """rope_scale / rope_theta of ROPE_LLAMA: a positive finite number (None: the default)."""
+    x = default if value is None else float(value)
+    if not (x > 0.0 and math.isfinite(x)):
+        raise ValueError(f"{op}: {name} must be a positive finite number (or None: {default:g}); got {value}")
+    return x
 
 
 def _soft_cap(logits_soft_cap: Any) -> float:
@@ -151,6 +187,9 @@ def _soft_cap(logits_soft_cap: Any) -> float:
     if not math.isfinite(cap) or cap < 0:
         raise ValueError(f"logits_soft_cap must be a finite number >= 0 (or None); got {logits_soft_cap}")
     return cap
+
+
+_RUN = "BatchDecodeWithPagedKVCacheWrapper.run"
 
 
 class BatchDecodeWithPagedKVCacheWrapper:
@@ -174,6 +213,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._use_tensor_cores = bool(use_tensor_cores)
         self._backend = backend
         self._use_cuda_graph = bool(use_cuda_graph)
+        self._runner = None
+        self._graph_pages = -1  # under CUDA graphs: the fewest cache pages a captured run reads (-1: none)
         self.reset_workspace_buffer(float_workspace_buffer, None)
         if use_cuda_graph:
             for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
@@ -241,7 +282,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._int_workspace_buffer = int_workspace_buffer
         self._pin_memory_int_workspace_buffer = torch.empty(int_workspace_buffer.numel(), dtype=torch.uint8,
                                                             pin_memory=True)
-        self._runner = None
+        self._runner = None  # (under CUDA graphs: capture again after this)
+
+    def _graph_page_limit(self) -> int:
+        """The fewest cache pages of a run captured into a CUDA graph so far (-1: none). A replay
+        skips run()'s checks, so plan() holds its page indices to this."""
+        if self._runner is not None:
+            n = self._runner.captured_pages
+            if n >= 0:
+                self._graph_pages = n if self._graph_pages < 0 else min(self._graph_pages, n)
+        return self._graph_pages
 
     def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
         """K and V with independent strides need no separate kernel here: a no-op."""
@@ -282,6 +332,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             fixed_split_size = opts.get("fixed_split_size", fixed_split_size)
             disable_split_kv = opts.get("disable_split_kv", disable_split_kv)
             q_len_per_req = opts.get("q_len_per_req", q_len_per_req)
+        num_qo_heads, num_kv_heads = _int_arg(num_qo_heads, "num_qo_heads"), _int_arg(num_kv_heads, "num_kv_heads")
+        head_dim, page_size = _int_arg(head_dim, "head_dim"), _int_arg(page_size, "page_size")
         if window_right != 0:
             raise NotImplementedError("window_right != 0 is not supported in decode")
         if is_causal is not None and bool(is_causal) != (q_len_per_req > 1):
@@ -339,6 +391,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if indices_h.size > len(self._paged_kv_indices_buf):
                 raise ValueError(f"len(indices) ({indices_h.size}) exceeds paged_kv_indices_buffer "
                                  f"({len(self._paged_kv_indices_buf)})")
+            limit = self._graph_page_limit()
+            if limit >= 0 and indices_h.size and int(indices_h.max()) >= limit:
+                raise ValueError(f"indices reference page {int(indices_h.max())}, but a CUDA graph captured run() "
+                                 f"on a paged_kv_cache of {limit} pages (a replay would read past it)")
 
         if q_len > 1:
             if kv_lens.size and int(kv_lens.min()) < q_len:
@@ -484,9 +540,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"got {q.shape[0]}")
         scale = 1.0
         if q_scale is not None:
-            scale *= q_scale
+            scale = _finite(q_scale, "q_scale", _RUN)
         if k_scale is not None:
-            scale *= k_scale
+            scale *= _finite(k_scale, "k_scale", _RUN)
+        if v_scale is not None and not hasattr(v_scale, "__dlpack__"):  # (a tensor scales o as it is)
+            v_scale = _finite(v_scale, "v_scale", _RUN)
         if type(q) is not self._tensor_type:
             return self._run_dlpack(q, paged_kv_cache, out, lse, return_lse, scale, v_scale, enable_pdl)
         if type(paged_kv_cache) is tuple or isinstance(paged_kv_cache, (tuple, list)):
@@ -599,7 +657,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if self._runner is None:
             raise RuntimeError("call plan() (begin_forward) first")
         opts = _forward_opts(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
-                             self._head_dim)
+                             self._head_dim, "BatchDecodeWithPagedKVCacheWrapper.forward")
         if opts == self._plan_opts:
             return
         BatchDecodeWithPagedKVCacheWrapper.plan(
@@ -716,18 +774,25 @@ def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_sc
     lse = fw.empty_f32((num_qo_heads,), q) if return_lse else None
     # split: the chunks' partial outputs and LSEs, in one float32 allocation
     partial = fw.empty_f32((chunks * num_qo_heads * (head_dim + 1),), q) if chunks > 1 else None
-    scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale))
-    scale *= (q_scale if q_scale is not None else 1.0) * (k_scale if k_scale is not None else 1.0)
+    op = "single_decode_with_kv_cache"
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else _finite(sm_scale, "sm_scale", op)
+    if q_scale is not None:
+        scale *= _finite(q_scale, "q_scale", op)
+    if k_scale is not None:
+        scale *= _finite(k_scale, "k_scale", op)
+    v_mult = v_scale  # (a tensor scales o as it is)
+    if v_scale is not None and not hasattr(v_scale, "__dlpack__"):
+        v_mult = _finite(v_scale, "v_scale", op)
     dl = fw.to_dlpack
     _decode.single_decode(dl(q), to_dlpack(k, "k"), to_dlpack(v, "v"), dl(out), None if lse is None else dl(lse),
                           None if partial is None else dl(partial), layout, chunk, chunks, pos,
                           -1 if window_left is None else int(window_left), scale,
                           _soft_cap(logits_soft_cap),
-                          1.0 if rope_scale is None else float(rope_scale),
-                          1e4 if rope_theta is None else float(rope_theta), bool(use_tensor_cores), fw.stream(q), True,
-                          stages, kv_code)
-    if v_scale is not None and v_scale != 1:
-        out = out * v_scale
+                          _check_rope_param(rope_scale, "rope_scale", 1.0, op) if pos == 1 else 1.0,
+                          _check_rope_param(rope_theta, "rope_theta", 1e4, op) if pos == 1 else 1e4,
+                          bool(use_tensor_cores), fw.stream(q), True, stages, kv_code)
+    if v_mult is not None and (hasattr(v_mult, "__dlpack__") or v_mult != 1):
+        out = out * v_mult
     return (out, lse) if return_lse else out
 
 

@@ -51,8 +51,8 @@ import numpy as np
 from . import _prefill
 from . import decode as _decode_mod
 from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
-from .decode import (_KV_FP8_CODES, BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _dtype_name, _host_ints,
-                     _layout_code, _pos_code, _soft_cap, _torch)
+from .decode import (_KV_FP8_CODES, BatchDecodeWithPagedKVCacheWrapper, _check_page_table, _check_rope_param,
+                     _dtype_name, _finite, _host_ints, _layout_code, _pos_code, _soft_cap, _torch)
 from .page import _split_cache
 from .quantization import packbits, segment_packbits
 
@@ -87,13 +87,6 @@ def _positions(fw: Any, like: Any, start: int, n: int) -> Any:
         return np.arange(start, start + n, dtype=np.int32)
     raise TypeError(f"{_OP}: pos_encoding_mode='ROPE_LLAMA' needs torch tensors or CuPy arrays; got q as "
                     f"{type(like).__module__}.{type(like).__name__}")
-
-
-def _check_rope_param(value: Optional[float], name: str, default: float, op: str = _OP) -> float:
-    x = default if value is None else float(value)
-    if not (x > 0.0 and math.isfinite(x)):
-        raise ValueError(f"{op}: {name} must be a positive finite number (or None: {default:g}); got {value}")
-    return x
 
 
 def _rope_copies(fw: Any, q: Any, k: Any, layout: int, qo_len: int, kv_len: int, rope_scale: float,
@@ -222,15 +215,15 @@ def _single_prefill(q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = 
         if n != qo_len * kv_len:
             raise ValueError(f"{_OP}: custom_mask must be [qo_len, kv_len] = [{qo_len}, {kv_len}]; got shape "
                              f"{tuple(custom_mask.shape)}")
-    scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
+    scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else _finite(sm_scale, "sm_scale", _OP)
     if k_scale is not None:
-        scale *= float(k_scale)
-    out_scale = 1.0 if v_scale is None else float(v_scale)
+        scale *= _finite(k_scale, "k_scale", _OP)
+    out_scale = 1.0 if v_scale is None else _finite(v_scale, "v_scale", _OP)
     window = -1 if window_left is None or window_left < 0 else int(window_left)
     cap = _soft_cap(logits_soft_cap)
     if pos == 1:
-        rope_scale = _check_rope_param(rope_scale, "rope_scale", 1.0)
-        rope_theta = _check_rope_param(rope_theta, "rope_theta", 1e4)
+        rope_scale = _check_rope_param(rope_scale, "rope_scale", 1.0, _OP)
+        rope_theta = _check_rope_param(rope_theta, "rope_theta", 1e4, _OP)
 
     if qo_len == 0:  # nothing to compute (and nothing the binding would launch)
         out = fw.empty((0, num_qo_heads, head_dim_vo), q)
@@ -400,12 +393,20 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (False where torch has no CUDA)."""
+    try:
+        return bool(_torch().cuda.is_current_stream_capturing())
+    except RuntimeError:
+        return False
+
+
 def _float_scale(x: Any, name: str) -> float:
     """A q_scale / k_scale / v_scale given as a number (tensors would need a host sync in run)."""
     if x is None:
         return 1.0
     if _is_number(x) or isinstance(x, np.floating):
-        return float(x)
+        return _finite(x, name, "run")
     raise NotImplementedError(f"{name} must be a float (per-tensor scale); tensor scales are not supported")
 
 
@@ -498,7 +499,7 @@ class _BatchPrefillBase:
                 "with pos_encoding_mode='NONE', or plan without CUDA graphs")
         window = -1 if window_left is None or int(window_left) < 0 else int(window_left)
         cap = _soft_cap(logits_soft_cap)
-        scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
+        scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else _finite(sm_scale, "sm_scale", op)
         if pos == 1:
             rs = _check_rope_param(rope_scale, "rope_scale", 1.0, op)
             rt = _check_rope_param(rope_theta, "rope_theta", 1e4, op)
@@ -1122,6 +1123,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             return self._launch(q, k_cache, v_cache, self._kv_indptr_dev, self._paged_kv_indices_buf,
                                 self._paged_kv_last_page_len_buf, self._layout, out, lse, return_lse, lse_base,
                                 lse_layout, enable_pdl, scale, _float_scale(v_scale, "v_scale"))
+        if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):  # (checked before the gather reads v)
+            raise ValueError(f"paged_kv_cache[1] (v) must have k's pages, page size and heads {tuple(k_cache.shape[:3])};"
+                             f" got {tuple(v_cache.shape[:3])}")
         k, v = self._gathered_kv(k_cache, v_cache)  # fp8 / RoPE: the ragged kernel on the plan's tokens
         return self._launch(q, k, v, self._gather[2], None, None, 0, out, lse, return_lse, lse_base, lse_layout,
                             enable_pdl, scale, _float_scale(v_scale, "v_scale"))
@@ -1197,6 +1201,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         self._kv_indptr_buf = kv_indptr_buf
         self._kv_indptr_dev = kv_indptr_buf
         self._graph_m_tiles = None
+        self._graph_kv_rows = None  # under CUDA graphs: the fewest k rows a captured run reads
         self._f32 = _torch().float32
 
     def _set_kv_indptr_attr(self) -> None:
@@ -1218,6 +1223,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         op = f"{self._NAME}.plan"
         qo_h, kv_h = _host_indptrs(qo_indptr, kv_indptr, "kv_indptr", op)
         kv_lens = _check_indptr(kv_h, "kv_indptr")
+        if self._graph_kv_rows is not None and int(kv_h[-1]) > self._graph_kv_rows:  # (a replay skips run's checks)
+            raise ValueError(f"kv_indptr[-1] is {int(kv_h[-1])}, but a CUDA graph captured run() on k / v of "
+                             f"{self._graph_kv_rows} rows (a replay would read past them)")
         self._plan_common(qo_h, kv_h, kv_lens, None, None, 1, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                           custom_mask, packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
                           window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
@@ -1243,6 +1251,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         tn, hn = (0, 1) if self._layout == 0 else (1, 0)
         if k.shape[tn] < self._total_kv:
             raise ValueError(f"k has {k.shape[tn]} rows; the plan's kv_indptr[-1] is {self._total_kv}")
+        if self._use_cuda_graph and _capturing():
+            rows = int(k.shape[tn])
+            self._graph_kv_rows = rows if self._graph_kv_rows is None else min(self._graph_kv_rows, rows)
         if k.shape[hn] != self._num_kv_heads or k.shape[2] != self._head_dim_qk or v.shape[2] != self._head_dim_vo:
             raise ValueError(f"k / v num_kv_heads and head dims ({k.shape[hn]}, {k.shape[2]}, {v.shape[2]}) do not "
                              f"match the plan ({self._num_kv_heads}, {self._head_dim_qk}, {self._head_dim_vo})")

@@ -17,7 +17,7 @@ import operator
 import sys
 from typing import Any, Optional, Tuple, Union
 
-from . import _sampling
+from . import _index_check, _sampling
 from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
 
 __all__ = [
@@ -92,6 +92,16 @@ def _check_nan(fw: Any, x: Any, message: str) -> None:
         raise ValueError(message)
 
 
+def _check_range(fw: Any, x: Any, n: int, name: str, what: str) -> None:
+    """FLASHINFER_CHECK_INDICES: every entry of the integer tensor ``x`` in [0, n) (reads the
+    tensor back: the host waits for the stream)."""
+    if fw.name not in ("torch", "cupy", "numpy") or not int(x.size if fw.name != "torch" else x.numel()):
+        return
+    lo, hi = int(x.min()), int(x.max())
+    if lo < 0 or hi >= n:
+        raise ValueError(f"{name} must be in [0, {n}) ({what}); got {lo if lo < 0 else hi}")
+
+
 def _rows(x: Any) -> int:
     return int(x.shape[0]) if len(x.shape) >= 1 else 0
 
@@ -111,14 +121,26 @@ def _integer(x: Any, rule: str) -> int:
         raise TypeError(f"{rule}; got {type(x).__name__} {x!r}") from None
 
 
-def _param(fw: Any, x: Any, dtype: str, name: str) -> Tuple[Any, Any]:
+def _dtype_str(x: Any) -> str:
+    return str(getattr(x, "dtype", "")).replace("torch.", "")
+
+
+def _param(fw: Any, x: Any, dtype: str, name: str, check_nan: bool = False) -> Tuple[Any, Any]:
     """A per-row parameter as (tensor capsule or None, scalar); tensors cast to ``dtype``
-    (the binding checks their shape with FlashInfer's messages). Scalars: an integer for
-    ``top_k``, a real number (not NaN) for ``top_p`` / ``min_p``."""
+    (the binding checks their shape with FlashInfer's messages): any dtype, as FlashInfer's
+    ``.int()`` / ``.float()`` (int64 ``top_k`` beyond int32 clamped, as scalars are; ``top_p`` /
+    ``min_p`` NaN-checked with ``check_nan``). Scalars: an integer for ``top_k``, a real number (not NaN) for ``top_p``
+    / ``min_p``."""
     if x is _UNUSED:
         return None, 0
     if _is_tensor(x):
-        return to_dlpack(_cast(fw, x, dtype), name), 0
+        xf = framework_of(x, name)
+        if dtype == "int32" and _dtype_str(x) in ("int64", "uint32", "uint64") and xf.name in ("torch", "cupy", "numpy"):
+            x = x.clip(-1, 0x7fffffff)  # (<= 0 and >= V: no filter; a wrapped cast would filter)
+        x = _cast(xf, x, dtype)
+        if check_nan:
+            _check_nan(xf, x, f"{name} contains NaN.")
+        return to_dlpack(x, name), 0
     if dtype == "int32":
         v = _integer(x, f"{name} must be an int or a per-row int tensor")
         return None, max(-1, min(v, 0x7fffffff))  # (<= 0 and >= V: no filter)
@@ -155,6 +177,11 @@ def get_seed_and_offset(increment: int, generator: Any = None, device: Any = Non
             return _fallback_seed_offset(inc)
         index = getattr(device, "index", device)
         generator = _torch_generator(torch, 0 if index is None else int(index))
+    elif torch is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator (or None); got {type(generator).__name__}")
+    elif device is not None and getattr(generator.device, "type", "cuda") != "cuda":
+        raise ValueError(f"generator must be a CUDA generator (the sampling kernels draw on the GPU); got one on "
+                         f"{generator.device}")
     try:  # CUDA generators: no tensors involved (works under set_default_device("cuda"))
         seed = generator.initial_seed()
         off = generator.get_offset()
@@ -202,7 +229,8 @@ def _randomness(fw: Any, x: Any, generator: Any, increment: int, seed: Any, offs
             _check_seed_tensor(fw, seed, "seed", x, batch)
             _check_seed_tensor(fw, offset, "offset", x, batch)
             return to_dlpack(seed, "seed"), 0, to_dlpack(offset, "offset"), 0
-        return None, int(seed) & _MASK64, None, int(offset) & _MASK64
+        return (None, _integer(seed, "seed must be an int or an int64 tensor") & _MASK64, None,
+                _integer(offset, "offset must be an int or an int64 tensor") & _MASK64)
     if fw.name == "torch":
         if x.device.type != "cuda":  # the binding reports the device
             return None, 0, None, 0
@@ -315,7 +343,10 @@ def _rows_and_output(fw: Any, x: Any, name: str, check_nan: bool, indices: Any) 
     if check_nan:
         _check_nan(fw, x, f"Input {name} contains NaN.")
     if indices is not None:
-        return x, _rows(indices), fw.empty_like(indices)
+        fi = framework_of(indices, "indices")
+        if _index_check.enabled:
+            _check_range(fi, indices, _rows(x), "indices", f"{name} rows")
+        return x, _rows(indices), fi.empty_like(indices)
     batch = _rows(x)
     return x, batch, _empty(fw, x, (batch,), "int32")
 
@@ -327,8 +358,8 @@ def _sample(op: str, probs: Any, indices: Any, generator: Any, check_nan: bool, 
     probs, batch, out = _rows_and_output(fw, probs, "probs", check_nan, indices)
     valid = _empty(fw, probs, (batch,), "bool") if return_valid else None
     k_arr, k = _param(fw, top_k, "int32", "top_k")
-    p_arr, p = _param(fw, top_p, "float32", "top_p")
-    m_arr, m = _param(fw, min_p, "float32", "min_p")
+    p_arr, p = _param(fw, top_p, "float32", "top_p", check_nan)
+    m_arr, m = _param(fw, min_p, "float32", "min_p", check_nan)
     s_arr, s, o_arr, o = _randomness(fw, probs, generator, batch * draws_per_row, seed, offset, batch)
     _sampling.sampling(op, fw.to_dlpack(probs), fw.to_dlpack(out), _dl(valid, "valid"), _dl(indices, "indices"),
                        k_arr, k, p_arr, 1.0 if top_p is _UNUSED else p, m_arr, m, filters, s_arr, s, o_arr, o,
@@ -526,6 +557,8 @@ def softmax(logits: Any, temperature: Optional[Union[Any, float]] = None, enable
                             "per logits row")
         else:
             t = float(temperature)
+            if not t >= 0.0 or t == float("inf"):  # (NaN fails t >= 0)
+                raise ValueError(f"temperature must be a finite number >= 0; got {temperature}")
     logits = _cast(fw, logits, "float32")
     out = fw.empty_like(logits)
     _sampling.softmax(fw.to_dlpack(logits), fw.to_dlpack(out), t_arr, t, fw.stream(logits), enable_pdl is not False)
@@ -555,7 +588,19 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
                     ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num)):
         if x is not None or name[0] != "m":
             framework_of(x, name)  # (a non-tensor: a TypeError naming it)
+    if maybe_output_accepted_token_num is not None and \
+            maybe_output_accepted_token_num is maybe_output_emitted_draft_token_num:
+        raise ValueError("maybe_output_accepted_token_num and maybe_output_emitted_draft_token_num must be two "
+                         "tensors; got the same one for both")
+    dt = _dtype_str(draft_token_ids)
+    if not dt.startswith(("int", "uint")):
+        raise ValueError(f"draft_token_ids must have an integer dtype; got {dt or type(draft_token_ids).__name__}")
     draft_probs = _cast(fw, draft_probs, "float32")
+    if _index_check.enabled and len(draft_probs.shape) == 3:
+        _check_range(framework_of(draft_token_ids), draft_token_ids, int(draft_probs.shape[2]), "draft_token_ids",
+                     "the vocabulary")
+    if dt not in ("int32", "int16", "int8", "uint8", "uint16"):
+        draft_token_ids = draft_token_ids.clip(-1, 0x7fffffff)  # (out of range: a rejection, not a wrapped id)
     draft_token_ids = _cast(fw, draft_token_ids, "int32")
     target_probs = _cast(fw, target_probs, "float32")
     shape = tuple(draft_token_ids.shape)

@@ -115,6 +115,10 @@ class BlockSparseAttentionWrapper:
         i's ``[rows_i, blocks_i * C]`` (block p of the row at columns ``(p - indptr[i]) * C``),
         flattened and concatenated; rows past M (a short last block row) dropped."""
         torch = _torch()
+        for name, m in (("packed_mask", packed_mask), ("mask", mask)):
+            if m is not None and not isinstance(m, torch.Tensor):
+                raise TypeError(f"{_OP}.plan: {name} must be a torch tensor; got {type(m).__module__}."
+                                f"{type(m).__name__}")
         if packed_mask is not None:  # wins over mask, as in the batch wrappers
             if packed_mask.dtype != torch.uint8:
                 raise ValueError(f"{_OP}.plan: packed_mask must be uint8 (bits packed little-endian); got "

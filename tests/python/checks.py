@@ -164,3 +164,17 @@ def grid(*axes: Iterable[Any], smoke: Callable[..., bool] = lambda *combo: False
         marks = [pytest.mark.smoke] if smoke(*combo) else []
         params.append(pytest.param(*combo, marks=marks, id="-".join(short(v) for v in combo)))
     return params
+
+
+def capture_graph(fn) -> "torch.cuda.CUDAGraph":
+    """``fn()`` once on a side stream (the warm-up a capture needs), then captured into a CUDA
+    graph, which is returned."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g

@@ -35,6 +35,7 @@ flashinfer = pytest.importorskip("flashinfer", reason="flashinfer (with its _pre
                                  exc_type=ImportError)
 
 import flashinfer.prefill as fprefill  # noqa: E402
+from checks import capture_graph  # noqa: E402
 from reference_attention import gather_pages, rope_rotate_half  # noqa: E402
 from reference_page import make_page_table  # noqa: E402
 from reference_prefill import assert_prefill_close, assert_prefill_lse_close, prefill_ref  # noqa: E402
@@ -487,6 +488,22 @@ def test_paged_rope(layout, ps, form, dtype, scale, theta, causal):
 
 
 @gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_rope_v_cache_must_match_k_before_the_gather(layout):
+    """The RoPE (and fp8) path gathers v out of the pages in Python: a v_cache with fewer pages,
+    another page size or other heads than k raises naming it, before any gather reads it."""
+    bt = Batch("paged", [5, 9], [40, 60], 8, 2, 128, 128, H, layout, 16)
+    k4, v4 = bt.cache
+    w = bt.wrapper()
+    bt.plan(w, pos_encoding_mode="ROPE_LLAMA")
+    pn = 1 if layout == "NHD" else 2
+    for bad in (v4[:-1], v4.narrow(pn, 0, 8), v4[:, :, :1] if layout == "NHD" else v4[:, :1]):
+        with pytest.raises(ValueError, match=r"paged_kv_cache\[1\] \(v\) must have k's pages, page size and heads"):
+            w.run(bt.q, (k4, bad))
+    check(*w.run(bt.q, (k4, v4), return_lse=True), *bt.ref(rope=True))
+
+
+@gpu
 def test_paged_rope_forward_and_replan():
     """The deprecated forward switches a NONE plan to ROPE_LLAMA (and back); a re-plan with other
     lengths rebuilds the gather's index."""
@@ -839,6 +856,46 @@ def test_cuda_graph_custom_mask():
     w2 = Ragged(workspace(), "NHD", use_cuda_graph=True, qo_indptr_buf=qo_buf, kv_indptr_buf=kv_buf)
     with pytest.raises(ValueError, match="custom_mask_buf"):
         bts[0].plan(w2, custom_mask=flat(masks[0]))
+
+
+@gpu
+def test_cuda_graph_ragged_plan_refuses_more_keys_than_the_captured_k():
+    """A replay skips run()'s checks: after a capture on k / v of 100 rows, a plan of 101 keys
+    raises (naming both) and leaves the last plan in place."""
+    hq, hkv, d, dtype = 8, 2, 128, H
+    qo_buf = torch.empty(3, dtype=torch.int32, device=CUDA)
+    kv_buf = torch.empty(3, dtype=torch.int32, device=CUDA)
+    w = Ragged(workspace(), "NHD", use_cuda_graph=True, qo_indptr_buf=qo_buf, kv_indptr_buf=kv_buf)
+    bt = Batch("ragged", [5, 9], [40, 60], hq, hkv, d, d, dtype)
+    bt.plan(w)
+    out = torch.empty(bt.q.shape[0], hq, d, dtype=dtype, device=CUDA)
+    g = capture_graph(lambda: w.run(bt.q, bt.k, bt.v, out=out))
+    with pytest.raises(ValueError, match=r"kv_indptr\[-1\] is 101, but a CUDA graph captured run\(\) on k / v of 100 "
+                                         r"rows"):
+        Batch("ragged", [5, 9], [40, 61], hq, hkv, d, d, dtype).plan(w)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    ref_o, ref_lse = bt.ref()
+    assert_prefill_close(out, ref_o, empty_rows=torch.isinf(ref_lse))
+
+
+@gpu
+def test_nan_and_inf_scales_are_refused():
+    bt = Batch("ragged", [5, 9], [40, 60], 8, 2, 128, 128, H)
+    w = bt.wrapper()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="plan: sm_scale must be a finite number"):
+            bt.plan(w, sm_scale=bad)
+        with pytest.raises(ValueError, match="single_prefill_with_kv_cache: sm_scale must be a finite number"):
+            flashinfer.single_prefill_with_kv_cache(bt.q[:5], bt.k[:40], bt.v[:40], sm_scale=bad)
+    pb = Batch("paged", [5, 9], [40, 60], 8, 2, 128, 128, H)
+    wp = pb.wrapper()
+    pb.plan(wp)
+    for name in ("q_scale", "k_scale", "v_scale"):
+        with pytest.raises(ValueError, match=f"run: {name} must be a finite number"):
+            wp.run(pb.q, pb.cache, **{name: float("nan")})
+    check(*wp.run(pb.q, pb.cache, return_lse=True), *pb.ref())
 
 
 @gpu

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import flashinfer
+from checks import capture_graph
 from reference_attention import assert_attention_close, assert_lse_close, decode_one, gather_pages
 
 pytestmark = pytest.mark.gpu
@@ -758,14 +759,7 @@ def test_multi_token_decode_validation_and_cuda_graph():
         w.run(q[:batch], (k, v))
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="q_len_per_req must be 2"):
         w.run(q, (k, v), q_len_per_req=3)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        w.run(q, (k, v), out=out)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        w.run(q, (k, v), out=out)
+    g = capture_graph(lambda: w.run(q, (k, v), out=out))
     for lens in ([50, 70, 60], [20000, 2, 3000]):  # the second splits the long request
         meta = plan(lens)
         out.fill_(float("nan"))
@@ -926,6 +920,37 @@ def test_cuda_graph_replan_and_replay(use_tc, hq, hkv, d):
         check_batch(out, lse, q, (k, v) + tuple(meta), "NHD")
 
 
+def test_cuda_graph_plan_refuses_pages_beyond_the_captured_cache():
+    """A replay skips run()'s checks: after a capture on a cache of 40 pages, a plan whose page
+    indices reach page 40 raises (naming the captured size) and leaves the last plan in place;
+    runs outside a capture set no limit."""
+    ps, batch, hq, hkv, d = 16, 3, 8, 2, 128
+    indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device=CUDA)
+    indices_buf = torch.empty(64, dtype=torch.int32, device=CUDA)
+    last_buf = torch.empty(batch, dtype=torch.int32, device=CUDA)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=CUDA), "NHD",
+                                                      use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+                                                      paged_kv_indices_buffer=indices_buf,
+                                                      paged_kv_last_page_len_buffer=last_buf)
+    big = torch.randn(80, ps, hkv, d, dtype=torch.float16, device=CUDA)
+    k, v = torch.randn(40, ps, hkv, d, dtype=torch.float16, device=CUDA), torch.randn(40, ps, hkv, d,
+                                                                                   dtype=torch.float16, device=CUDA)
+    q = torch.randn(batch, hq, d, dtype=torch.float16, device=CUDA)
+    out = torch.empty_like(q)
+    w.plan([0, 2, 3, 5], [70, 71, 72, 73, 79], [16, 5, 9], hq, hkv, d, ps, q_data_type=torch.float16)
+    w.run(q, (big, big), out=out)  # an eager run on a larger cache: no limit
+    good = ([0, 2, 3, 5], [3, 39, 0, 17, 8], [16, 5, 9])
+    w.plan(*good, hq, hkv, d, ps, q_data_type=torch.float16)
+    g = capture_graph(lambda: w.run(q, (k, v), out=out))
+    with pytest.raises(ValueError, match="indices reference page 40, but a CUDA graph captured run\\(\\) on a "
+                                         "paged_kv_cache of 40 pages"):
+        w.plan([0, 2, 3, 5], [3, 40, 0, 17, 8], [16, 5, 9], hq, hkv, d, ps, q_data_type=torch.float16)
+    out.fill_(float("nan"))
+    g.replay()  # the refused plan changed nothing: the last good plan replays
+    torch.cuda.synchronize()
+    check_batch(out, None, q, (k, v) + good, "NHD")
+
+
 # ---- validation (plan / run) ------------------------------------------------------------------------
 
 def _wrapper():
@@ -955,10 +980,65 @@ def test_plan_rejects_bad_heads_and_head_dim():
         _wrapper().plan([0, 1], [0], [1], 8, 8, 128, 16, pos_encoding_mode="YARN")
 
 
+def test_plan_names_wrongly_typed_sizes_and_modes():
+    with pytest.raises(TypeError, match="^head_dim must be an int; got str '128'$"):
+        _wrapper().plan([0, 1], [0], [1], 8, 8, "128", 16)
+    with pytest.raises(TypeError, match="^num_kv_heads must be an int; got float 2.5$"):
+        _wrapper().plan([0, 1], [0], [1], 8, 2.5, 128, 16)
+    for mode in (True, 5, "YARN", None):
+        with pytest.raises(KeyError, match="pos_encoding_mode must be 'NONE', 'ROPE_LLAMA' or 'ALIBI'"):
+            _wrapper().plan([0, 1], [0], [1], 8, 8, 128, 16, pos_encoding_mode=mode)
+    w = _wrapper()  # integral floats are taken, as int() would
+    w.plan([0, 1], [0], [5], 8.0, 2, 128.0, 16.0, q_data_type=torch.float16)
+    q = torch.randn(1, 8, 128, dtype=torch.float16, device=CUDA)
+    k, v = (torch.randn(1, 16, 2, 128, dtype=torch.float16, device=CUDA) for _ in range(2))
+    check_batch(w.run(q, (k, v)), None, q, (k, v, [0, 1], [0], [5]), "NHD")
+
+
 def test_plan_rejects_small_workspace():
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device=CUDA))
     with pytest.raises(ValueError, match="too small"):
         w.plan([0, 2048], list(range(2048)), [16], 32, 8, 128, 16)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_scales_and_rope_parameters_must_be_finite(bad):
+    """NaN / inf scales (and a ROPE_LLAMA rope_scale / rope_theta that is not positive) would make
+    every output NaN: plan, run and single decode raise naming them."""
+    w = _wrapper()
+    with pytest.raises(ValueError, match="plan: sm_scale must be a finite number"):
+        w.plan([0, 2], [0, 3], [5], 8, 2, 128, 16, q_data_type=torch.float16, sm_scale=bad)
+    for name, value in (("rope_scale", bad), ("rope_theta", 0.0)):
+        with pytest.raises(ValueError, match=f"plan: {name} must be a positive finite number"):
+            w.plan([0, 2], [0, 3], [5], 8, 2, 128, 16, q_data_type=torch.float16, pos_encoding_mode="ROPE_LLAMA",
+                   **{name: value})
+    w.plan([0, 2], [0, 3], [5], 8, 2, 128, 16, q_data_type=torch.float16)
+    q = torch.randn(1, 8, 128, dtype=torch.float16, device=CUDA)
+    k = torch.randn(4, 16, 2, 128, dtype=torch.float16, device=CUDA)
+    for name in ("q_scale", "k_scale", "v_scale"):
+        with pytest.raises(ValueError, match=f"run: {name} must be a finite number"):
+            w.run(q, (k, k), **{name: bad})
+    kc = torch.randn(37, 2, 128, dtype=torch.float16, device=CUDA)
+    for kw in (dict(sm_scale=bad), dict(k_scale=bad), dict(v_scale=bad),
+               dict(pos_encoding_mode="ROPE_LLAMA", rope_theta=-1.0)):
+        with pytest.raises(ValueError, match="single_decode_with_kv_cache: .* must be a"):
+            flashinfer.single_decode_with_kv_cache(q[0], kc, kc, **kw)
+
+
+@pytest.mark.parametrize("use_tc", [False, True])
+def test_run_out_may_be_q_itself_but_not_overlap_it(use_tc):
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8, device=CUDA),
+                                                      use_tensor_cores=use_tc)
+    meta = ([0, 2, 3, 5], [0, 3, 1, 4, 2], [5, 16, 9])
+    w.plan(*meta, 8, 2, 128, 16, q_data_type=torch.float16)
+    k, v = (torch.randn(5, 16, 2, 128, dtype=torch.float16, device=CUDA) for _ in range(2))
+    buf = torch.randn(4, 8, 128, dtype=torch.float16, device=CUDA)
+    q = buf[:3]
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        w.run(q, (k, v), out=buf[1:])
+    q0 = q.clone()
+    assert w.run(q, (k, v), out=q) is q  # in place
+    check_batch(q, None, q0, (k, v) + meta, "NHD")
 
 
 def test_run_rejects_mismatches():

@@ -388,6 +388,26 @@ def test_seed_offset_reproducible_and_fresh(name):
     assert torch.equal(torch.cat([a[:7], a[8:]]), torch.cat([b[:7], b[8:]]))
 
 
+def test_generator_of_a_wrong_type_or_device_is_named():
+    p = torch.softmax(torch.randn(3, 100, device=CUDA), -1)
+    with pytest.raises(TypeError, match="^generator must be a torch.Generator \\(or None\\); got int$"):
+        fs.sampling_from_probs(p, generator=5)
+    with pytest.raises(ValueError, match="^generator must be a CUDA generator .*; got one on cpu$"):
+        fs.top_p_sampling_from_probs(p, 0.9, generator=torch.Generator())
+
+
+def test_int64_top_k_beyond_int32_is_no_filter_not_a_wrapped_one():
+    """2**32 + 1 as int32 would be 1 (keep only the top token): clamped, it keeps every token,
+    as the scalar does."""
+    p = torch.softmax(torch.randn(4, 1000, device=CUDA), -1)
+    k = torch.full((4,), 2 ** 32 + 1, dtype=torch.int64, device=CUDA)
+    a = fs.top_k_sampling_from_probs(p, k, seed=3, offset=0)
+    assert torch.equal(a, fs.top_k_sampling_from_probs(p, 2 ** 32 + 1, seed=3, offset=0))
+    assert torch.equal(a, fs.top_k_sampling_from_probs(p, 1000, seed=3, offset=0))
+    many = fs.top_k_sampling_from_probs(p.repeat(256, 1), k.repeat(256), seed=3, offset=0)
+    assert not torch.equal(many, p.repeat(256, 1).argmax(-1).int()), "top_k acted as 1"
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
 def test_generator_advances_by_the_documented_increment(name):
     batch, vocab = 13, 4096

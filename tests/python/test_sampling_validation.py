@@ -330,3 +330,69 @@ def test_top_k_k_is_checked_before_allocating():
         top_k(x, 2.9)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):  # an integral float is an int
         top_k(x, 5.0)
+
+
+# --- arguments a kernel must not get: named before any launch ----------------------------------
+
+def test_scalar_seed_and_offset_must_be_integers():
+    for seed, offset, bad in ((1.5, 0, "seed"), (3, "7", "offset")):
+        with pytest.raises(TypeError, match=f"^{bad} must be an int or an int64 tensor; got "):
+            fs.sampling_from_probs(probs(), seed=seed, offset=offset)
+    with pytest.raises(ValueError, match=ON_CPU):  # integral floats are integers (as top_k's)
+        fs.sampling_from_probs(probs(), seed=5.0, offset=np.int64(8))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5])
+def test_softmax_temperature_must_be_finite_and_not_negative(bad):
+    x = np.random.rand(R, V).astype(np.float32)
+    with pytest.raises(ValueError, match="^temperature must be a finite number >= 0; got "):
+        fs.softmax(x, temperature=bad)
+
+
+def test_indices_must_be_a_tensor_naming_it():
+    with pytest.raises(TypeError, match="^indices must be a tensor supporting DLPack .*; got list$"):
+        fs.sampling_from_probs(probs(), indices=[0, 1])
+
+
+def test_check_nan_covers_the_per_row_probability_parameters():
+    p = torch.full((R,), 0.5)
+    p[2] = float("nan")
+    with pytest.raises(ValueError, match="^top_p contains NaN.$"):
+        fs.top_p_sampling_from_probs(probs(), p, check_nan=True)
+    with pytest.raises(ValueError, match="^min_p contains NaN.$"):
+        fs.min_p_sampling_from_probs(probs(), p, check_nan=True)
+    with pytest.raises(ValueError, match=ON_CPU):  # without check_nan: no host read
+        fs.top_p_sampling_from_probs(probs(), p)
+
+
+def test_chain_speculative_counts_must_be_two_tensors_and_ids_integers():
+    b, n = 3, 2
+    draft = probs(b * n).view(b, n, V)
+    target = probs(b * (n + 1)).view(b, n + 1, V)
+    ids = torch.randint(0, V, (b, n))
+    both = torch.zeros(b, dtype=torch.int32)
+    with pytest.raises(ValueError, match="must be two tensors; got the same one for both"):
+        fs.chain_speculative_sampling(draft, ids, target, both, both)
+    with pytest.raises(ValueError, match="^draft_token_ids must have an integer dtype; got float32$"):
+        fs.chain_speculative_sampling(draft, ids.float(), target)
+
+
+def test_index_check_mode_names_out_of_range_indices_and_draft_ids():
+    from flashinfer import _index_check
+
+    b, n = 3, 2
+    draft = probs(b * n).view(b, n, V)
+    target = probs(b * (n + 1)).view(b, n + 1, V)
+    prev = _index_check.enabled
+    _index_check.set_check_indices(True)
+    try:
+        with pytest.raises(ValueError, match=r"^indices must be in \[0, 4\) \(probs rows\); got 4$"):
+            fs.sampling_from_probs(probs(), indices=torch.tensor([0, 4], dtype=torch.int32))
+        with pytest.raises(ValueError, match=r"^indices must be in \[0, 4\) \(logits rows\); got -1$"):
+            fs.sampling_from_logits(probs(), indices=torch.tensor([-1, 2]))
+        with pytest.raises(ValueError, match=rf"^draft_token_ids must be in \[0, {V}\) \(the vocabulary\); got {V}$"):
+            fs.chain_speculative_sampling(draft, torch.tensor([[0, 1], [2, V], [3, 4]]), target)
+        with pytest.raises(ValueError, match=ON_CPU):  # in range: on to the device check
+            fs.sampling_from_probs(probs(), indices=torch.tensor([0, 3]))
+    finally:
+        _index_check.set_check_indices(prev)

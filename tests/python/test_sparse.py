@@ -158,6 +158,17 @@ def test_bsr_causal_per_block_row(R, C):
 
 
 @gpu
+def test_bsr_numpy_mask_is_a_type_error_naming_it():
+    pb = Problem(64, 128, 4, 4, 4, 4, 128, H, intra=True, seed=5)
+    w = BSR(workspace())
+    args = (pb.indptr.to(CUDA), pb.indices.to(CUDA), pb.M, pb.N, pb.R, pb.C, pb.hq, pb.hkv, pb.d)
+    with pytest.raises(TypeError, match="plan: mask must be a torch tensor; got numpy.ndarray"):
+        w.plan(*args, mask=pb.mask.numpy())
+    with pytest.raises(TypeError, match="plan: packed_mask must be a torch tensor; got numpy.ndarray"):
+        w.plan(*args, packed_mask=np.packbits(pb.mask.reshape(-1).numpy(), bitorder="little"))
+
+
+@gpu
 def test_bsr_forward_and_sm_scale():
     pb = Problem(64, 128, 4, 4, 4, 4, 128, H, seed=3)
     w = BSR(workspace())
