@@ -69,7 +69,12 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     byte boundary: returns ``(y, new_indptr)`` with segment i in ``y[new_indptr[i]:new_indptr[i+1]]``
     and ``new_indptr[i+1] - new_indptr[i] = ceil(seg_len / 8)`` (``new_indptr`` int32)."""
     w = _bit_weights(bitorder)
-    ptr = _host(indptr).astype(np.int64).reshape(-1)
+    if not hasattr(x, "shape"):
+        raise TypeError(f"segment_packbits: x must be a 1-D tensor or array; got {type(x).__name__}")
+    ptr = _host(indptr)
+    if ptr.dtype.kind not in "iu":
+        raise ValueError(f"segment_packbits: indptr must hold integers; got dtype {ptr.dtype}")
+    ptr = ptr.astype(np.int64).reshape(-1)
     n = int(x.shape[0]) if len(x.shape) == 1 else -1
     if n < 0:
         raise ValueError(f"segment_packbits: x must be 1-D; got shape {tuple(x.shape)}")

@@ -38,7 +38,7 @@ def top_k(input: Any, k: int, sorted: bool = False, deterministic: bool = False,
     values = fw.empty((shape[0], k), input)
     indices = _empty(fw, input, (shape[0], k), "int64")
     _sampling.top_k(fw.to_dlpack(input), to_dlpack(values, "values"), to_dlpack(indices, "indices"), k,
-                    int(tie_break), fw.stream(input), True)
+                    _integer(tie_break, "top_k: tie_break must be a TopKTieBreak (0, 1 or 2)"), fw.stream(input), True)
     if sorted:
         if fw.name == "torch":
             values, order = fw.torch.sort(values, dim=-1, descending=True, stable=True)

@@ -86,3 +86,10 @@ def test_fp4_tensor_container():
         flashinfer.utils.FP4Tensor(data.float(), scale)
     with pytest.raises(ValueError, match="scale must be float8_e4m3fn"):
         flashinfer.utils.FP4Tensor(data, scale.float())
+
+
+def test_segment_packbits_names_a_float_indptr_and_a_non_array_x():
+    with pytest.raises(ValueError, match="segment_packbits: indptr must hold integers; got dtype float32"):
+        flashinfer.segment_packbits(torch.ones(4, dtype=torch.bool), torch.tensor([0.0, 2.5, 4.0]))
+    with pytest.raises(TypeError, match="segment_packbits: x must be a 1-D tensor or array; got list"):
+        flashinfer.segment_packbits([1, 0, 1], [0, 3])

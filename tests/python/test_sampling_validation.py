@@ -396,3 +396,11 @@ def test_index_check_mode_names_out_of_range_indices_and_draft_ids():
             fs.sampling_from_probs(probs(), indices=torch.tensor([0, 3]))
     finally:
         _index_check.set_check_indices(prev)
+
+
+@pytest.mark.parametrize("bad", ["small", 1.5])
+def test_top_k_tie_break_must_be_an_integer_mode(bad):
+    with pytest.raises(TypeError, match="^top_k: tie_break must be a TopKTieBreak \\(0, 1 or 2\\); got "):
+        flashinfer.top_k(torch.randn(2, 10), 3, tie_break=bad)
+    with pytest.raises(ValueError, match="tie_break must be 0 \\(NONE\\), 1 \\(SMALL\\) or 2 \\(LARGE\\); got 3"):
+        flashinfer.top_k(torch.randn(2, 10), 3, tie_break=3)
