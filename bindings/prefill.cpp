@@ -71,6 +71,15 @@ void check_outputs(const fb::Checker& c, const MutTensor& out, const std::option
 }
 
 // The kernels store o two elements at a time: 4-byte aligned, even strides.
+// out [rows, hq, dvo] against q [rows, hq, dqk]: out = q itself is fine (a CTA reads its q rows
+// before it writes their o rows, and split chunks are merged by a later kernel); any other shared
+// byte would race between CTAs.
+void check_out_apart_q(const fb::Checker& c, const MutTensor& out, const MutTensor& q, int64_t rows, int64_t hq,
+                       int64_t dvo, int64_t dqk) {
+  c.out_apart(out, flashinfer::RowLayout{hq, out.stride(0), out.stride(1)}, dvo, q, "q",
+              flashinfer::RowLayout{hq, q.stride(0), q.stride(1)}, dqk, rows * hq, {0});
+}
+
 void check_out_pairs(const fb::Checker& c, const MutTensor& out) {
   if (reinterpret_cast<uintptr_t>(out.data()) % 4 || (out.shape(0) > 1 && out.stride(0) % 2) ||
       (out.shape(1) > 1 && out.stride(1) % 2))
@@ -144,6 +153,7 @@ void single_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::o
   check_vectors(c, k, "k");
   check_vectors(c, v, "v");
   check_out_pairs(c, out);
+  check_out_apart_q(c, out, q, qo_len, hq, dvo, dqk);
   if (qo_len * (hq / hkv) > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows ||
       kv_len > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillKeys || hkv > 65535)
     fb::fail(std::string(c.op) + ": qo_len * group_size and kv_len must be < 2^31 and num_kv_heads <= 65535");
@@ -328,6 +338,7 @@ void batch_prefill(MutTensor q, MutTensor k, MutTensor v, MutTensor out, std::op
   check_vectors(c, k, "k");
   check_vectors(c, v, "v");
   check_out_pairs(c, out);
+  check_out_apart_q(c, out, q, total_q, hq, dvo, dqk);
   if (total_q * (hq / hkv) > (int64_t{1} << 31) - 1 - flashinfer::attention::kPrefillMaxRows || hkv > 65535)
     fb::fail(std::string(c.op) + ": total_q * group_size must be < 2^31 and num_kv_heads <= 65535");
   const int dev = c.cuda_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&qo_indptr, "qo_indptr"},

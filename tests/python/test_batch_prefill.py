@@ -322,6 +322,32 @@ def test_split_kv(case):
     check(o1, lse1, *bt.ref(causal=causal, **ref_kw))
 
 
+INPLACE_CASES = [SPLIT_CASES[1], SPLIT_CASES[2],
+                 ("ragged", [300, 17, 900], [300, 400, 900], 128, 128, 32, 8, B, True, "NHD", None, None, {}),
+                 ("paged", [128] * 6, [128] * 6, 128, 128, 32, 8, H, False, "NHD", 16, "tuple4", {})]
+
+
+@gpu
+@pytest.mark.parametrize("case", INPLACE_CASES, ids=[_split_id(c) for c in INPLACE_CASES])
+def test_out_may_be_q_itself_but_not_overlap_it(case):
+    """out = q (in place) matches the reference on split, causal, GQA and many-tile batches; a
+    view of q shifted by one row raises before the launch."""
+    kind, qo_lens, kv_lens, dqk, dvo, hq, hkv, dtype, causal, layout, ps, form, extra = case
+    bt = Batch(kind, qo_lens, kv_lens, hq, hkv, dqk, dvo, dtype, layout, *((ps, form) if kind == "paged" else ()))
+    w = bt.wrapper()
+    bt.plan(w, causal=causal, **extra)
+    ref = bt.ref(causal=causal)
+    rest = bt.run_args()[1:]
+    buf = torch.empty(bt.q.shape[0] + 1, hq, dqk, dtype=dtype, device=CUDA)
+    q = buf[:-1]
+    q.copy_(bt.q)
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        w.run(q, *rest, out=buf[1:])
+    o, lse = w.run(q, *rest, out=q, return_lse=True)
+    assert o.data_ptr() == q.data_ptr()
+    check(o, lse, *ref)
+
+
 @gpu
 @pytest.mark.smoke
 def test_batch_prefill_smoke():
