@@ -15,6 +15,7 @@ resolves through the same table (see :func:`torch_exporter`, :func:`torch_stream
 from __future__ import annotations
 
 import numbers
+import operator
 import sys
 from typing import Any, Callable, Dict, Tuple
 
@@ -273,6 +274,22 @@ def export_args(fw: Framework, t: type, **tensors: Any) -> list:
     for name, x in tensors.items():
         out.append(dl(x) if type(x) is t else to_dlpack(x, name))
     return out
+
+
+def integer_arg(x: Any, rule: str) -> int:
+    """An integer parameter: an int (numpy's too) or a float with an integral value (5.0); else
+    a TypeError saying ``rule`` and what was given."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        if isinstance(x, numbers.Real) and float(x).is_integer():
+            return int(x)
+        raise TypeError(f"{rule}; got {type(x).__name__} {x!r}") from None
+
+
+def dtype_str(x: Any) -> str:
+    """``x``'s dtype as a plain name ("bfloat16", "int64"; "" without a dtype)."""
+    return str(getattr(x, "dtype", "")).replace("torch.", "")
 
 
 def not_a_tensor(name: str, x: Any) -> TypeError:

@@ -18,14 +18,11 @@ def _act(name: str, kernel: Any, input: Any, out: Optional[Any], enable_pdl: Opt
     if shape is None:  # a bare DLPack producer: the binding checks the shapes (and out= is needed)
         if out is None:
             out = fw.empty_like(input)  # (a TypeError: flashinfer allocates torch, CuPy, NumPy)
-        s, i, o = export_args(fw, t, input=input, out=out)
-        kernel(i, o, s, enable_pdl is not False)
-        return out
-    if len(shape) == 0:
+    elif len(shape) == 0:
         raise ValueError(f"{name}: input must have at least 1 dimension (..., 2 * hidden_size); got a 0-D tensor")
-    if shape[-1] % 2 != 0:
+    elif shape[-1] % 2 != 0:
         raise ValueError("The last dimension must be even (2 * hidden_size).")
-    if out is None:
+    elif out is None:
         out = fw.empty((*shape[:-1], shape[-1] // 2), input)
     else:
         if type(out) is not t:

@@ -37,6 +37,7 @@ from . import _cascade
 from . import decode as _decode_mod
 from . import prefill as _prefill_mod
 from ._ext import ArgumentError, framework_of, to_dlpack
+from ._ext import dtype_str as _dtype_str
 
 __all__ = [
     "merge_state",
@@ -112,10 +113,6 @@ def merge_states(v: Any, s: Any) -> Tuple[Any, Any]:
 # ================================================================================================
 # Cascade attention wrappers
 # ================================================================================================
-
-def _dtype_str(t: Any) -> str:
-    return str(getattr(t, "dtype", "")).replace("torch.", "")
-
 
 def _per_level(arr: Any, name: str, num_levels: int) -> list:
     """``arr`` (a list or tuple) as a list of ``num_levels`` per-level entries; ValueError

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
-import operator
 import sys
 import warnings
 from typing import Any, Optional, Tuple, Union
@@ -24,8 +22,8 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _decode
-from ._ext import (FRAMEWORK_STREAM, framework_of, not_a_tensor, require_tensors, to_dlpack, torch_direct,
-                   torch_exporter, torch_stream_source)
+from ._ext import (FRAMEWORK_STREAM, framework_of, integer_arg, not_a_tensor, require_tensors, to_dlpack,
+                   torch_direct, torch_exporter, torch_stream_source)
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -53,17 +51,6 @@ def _pos_code(mode: Union[str, int]) -> int:
         if isinstance(name, str) and name in _POS_MODES:
             return _POS_MODES[name]
     raise KeyError(f"pos_encoding_mode must be 'NONE', 'ROPE_LLAMA' or 'ALIBI' (or 0, 1, 2); got {mode!r}")
-
-
-def _int_arg(x: Any, name: str) -> int:
-    """An integer argument (an integral float too, as int() would take it); else a TypeError
-    naming it."""
-    try:
-        return operator.index(x)
-    except TypeError:
-        if isinstance(x, numbers.Real) and not isinstance(x, bool) and float(x).is_integer():
-            return int(x)
-        raise TypeError(f"{name} must be an int; got {type(x).__name__} {x!r}") from None
 
 
 # The cache element type codes of the bindings (KVCache): q's dtype, or fp8 values that
@@ -332,8 +319,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             fixed_split_size = opts.get("fixed_split_size", fixed_split_size)
             disable_split_kv = opts.get("disable_split_kv", disable_split_kv)
             q_len_per_req = opts.get("q_len_per_req", q_len_per_req)
-        num_qo_heads, num_kv_heads = _int_arg(num_qo_heads, "num_qo_heads"), _int_arg(num_kv_heads, "num_kv_heads")
-        head_dim, page_size = _int_arg(head_dim, "head_dim"), _int_arg(page_size, "page_size")
+        num_qo_heads = integer_arg(num_qo_heads, "num_qo_heads must be an int")
+        num_kv_heads = integer_arg(num_kv_heads, "num_kv_heads must be an int")
+        head_dim = integer_arg(head_dim, "head_dim must be an int")
+        page_size = integer_arg(page_size, "page_size must be an int")
         if window_right != 0:
             raise NotImplementedError("window_right != 0 is not supported in decode")
         if is_causal is not None and bool(is_causal) != (q_len_per_req > 1):

@@ -13,12 +13,13 @@ need not be normalized; a row with NaN or no positive mass samples 0 with ``vali
 from __future__ import annotations
 
 import numbers
-import operator
 import sys
 from typing import Any, Optional, Tuple, Union
 
 from . import _index_check, _sampling
+from ._ext import dtype_str as _dtype_str
 from ._ext import framework_of, to_dlpack, torch_exporter, torch_stream_source
+from ._ext import integer_arg as _integer
 
 __all__ = [
     "softmax",
@@ -110,34 +111,27 @@ def _rows(x: Any) -> int:
 _UNUSED = object()
 
 
-def _integer(x: Any, rule: str) -> int:
-    """An integer parameter: an int (numpy's too) or a float with an integral value (5.0); else
-    a TypeError saying ``rule`` and what was given."""
-    try:
-        return operator.index(x)
-    except TypeError:
-        if isinstance(x, numbers.Real) and float(x).is_integer():
-            return int(x)
-        raise TypeError(f"{rule}; got {type(x).__name__} {x!r}") from None
 
 
-def _dtype_str(x: Any) -> str:
-    return str(getattr(x, "dtype", "")).replace("torch.", "")
+def _as_int32(fw: Any, x: Any) -> Any:
+    """An integer tensor as int32, values beyond int32 clamped to [-1, 2**31 - 1] (a wrapped cast
+    would turn them into other valid values)."""
+    if _dtype_str(x) in ("int64", "uint32", "uint64") and fw.name in ("torch", "cupy", "numpy"):
+        x = x.clip(-1, 0x7fffffff)
+    return _cast(fw, x, "int32")
 
 
 def _param(fw: Any, x: Any, dtype: str, name: str, check_nan: bool = False) -> Tuple[Any, Any]:
     """A per-row parameter as (tensor capsule or None, scalar); tensors cast to ``dtype``
     (the binding checks their shape with FlashInfer's messages): any dtype, as FlashInfer's
     ``.int()`` / ``.float()`` (int64 ``top_k`` beyond int32 clamped, as scalars are; ``top_p`` /
-    ``min_p`` NaN-checked with ``check_nan``). Scalars: an integer for ``top_k``, a real number (not NaN) for ``top_p``
-    / ``min_p``."""
+    ``min_p`` NaN-checked with ``check_nan``). Scalars: an integer for ``top_k``, a real number
+    (not NaN) for ``top_p`` / ``min_p``."""
     if x is _UNUSED:
         return None, 0
     if _is_tensor(x):
         xf = framework_of(x, name)
-        if dtype == "int32" and _dtype_str(x) in ("int64", "uint32", "uint64") and xf.name in ("torch", "cupy", "numpy"):
-            x = x.clip(-1, 0x7fffffff)  # (<= 0 and >= V: no filter; a wrapped cast would filter)
-        x = _cast(xf, x, dtype)
+        x = _as_int32(xf, x) if dtype == "int32" else _cast(xf, x, dtype)
         if check_nan:
             _check_nan(xf, x, f"{name} contains NaN.")
         return to_dlpack(x, name), 0
@@ -599,9 +593,7 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
     if _index_check.enabled and len(draft_probs.shape) == 3:
         _check_range(framework_of(draft_token_ids), draft_token_ids, int(draft_probs.shape[2]), "draft_token_ids",
                      "the vocabulary")
-    if dt not in ("int32", "int16", "int8", "uint8", "uint16"):
-        draft_token_ids = draft_token_ids.clip(-1, 0x7fffffff)  # (out of range: a rejection, not a wrapped id)
-    draft_token_ids = _cast(fw, draft_token_ids, "int32")
+    draft_token_ids = _as_int32(fw, draft_token_ids)  # (out of range: a rejection, not a wrapped id)
     target_probs = _cast(fw, target_probs, "float32")
     shape = tuple(draft_token_ids.shape)
     if len(shape) != 2:

@@ -8,7 +8,8 @@ from typing import Any, Tuple
 
 from . import _sampling
 from ._ext import framework_of, to_dlpack
-from .sampling import _empty, _integer
+from ._ext import integer_arg as _integer
+from .sampling import _empty
 
 __all__ = ["top_k", "TopKTieBreak"]
 
